@@ -1,0 +1,59 @@
+// The host/device ABI of every stage-4 kernel: one struct, passed by value as a
+// `__grid_constant__` kernel parameter. src/abi.rs mirrors it field for field
+// (#[repr(C)], same order, same sizes); a change here is a change there.
+//
+// Grid: blockIdx.x = V tile (BV = 64 columns of V), blockIdx.y = value head hv,
+//       blockIdx.z = sequence n (batch index b without cu_seqlens).
+//
+// Tensor maps (built on the host with cuTensorMapEncodeTiled, 128-byte swizzle,
+// 16-bit elements, dims listed innermost first):
+//   tma_q, tma_k : q, k  [B, T, H, K]    dims (K, H, T, B)     box (64, 1, 64, 1)
+//   tma_w        : w     [B, T, HV, K]   dims (K, HV, T, B)    box (64, 1, 64, 1)
+//   tma_do       : do    [B, T, HV, V]   dims (V, HV, T, B)    box (64, 1, 64, 1)
+//   tma_dv       : dv    [B, T, HV, V]   dims (V, HV, T, B)    box (64, 1, 64, 1)
+//   tma_dv2      : dv2   [B, T, HV, V]   dims (V, HV, T, B)    box (64, 1, 64, 1)  (store)
+//   tma_dh       : dh    [B, NT, HV, K, V] dims (V, K, HV, B*NT) box (64, K, 1, 1) (store)
+// Rows past T read as zeros and are clipped on store (TMA's bounds), so a short
+// last chunk of a dense batch needs no masking. With cu_seqlens (B == 1) the rows
+// past a sequence's end belong to the next sequence: the kernel masks them itself.
+#pragma once
+
+#include <stdint.h>
+#include <cuda.h>
+
+namespace kda_dhu {
+
+enum DhuFlags : uint32_t {
+  FLAG_G = 1u << 0,          // scalar gate g [B, T, HV] fp32 present
+  FLAG_GK = 1u << 1,         // per-K gate gk [B, T, HV, K] fp32 present
+  FLAG_DHT = 1u << 2,        // dht present (else b starts at zero)
+  FLAG_DH0 = 1u << 3,        // dh0 wanted (h0 was given)
+  FLAG_VARLEN = 1u << 4,     // cu_seqlens / chunk_offsets present, B == 1
+};
+
+struct alignas(64) DhuParams {
+  CUtensorMap tma_q;
+  CUtensorMap tma_k;
+  CUtensorMap tma_w;
+  CUtensorMap tma_do;
+  CUtensorMap tma_dv;
+  CUtensorMap tma_dv2;
+  CUtensorMap tma_dh;
+  const float* g;                 // [B, T, HV] contiguous, or null
+  const float* gk;                // [B, T, HV, K] contiguous, or null
+  const float* dht;               // [N, HV, K, V] contiguous, or null
+  float* dh0;                     // [N, HV, K, V] contiguous, or null
+  const int64_t* cu_seqlens;      // [N + 1], or null
+  const int64_t* chunk_offsets;   // [N]: first chunk of sequence n in dh, or null
+  void* dv2;                      // [B, T, HV, V]: plain stores of partial varlen chunks
+  void* dh;                       // [B, NT, HV, K, V]
+  int64_t T;                      // tokens per batch row (the packed length with cu_seqlens)
+  int32_t NT;                     // chunks per batch row (dense); total chunks (varlen)
+  int32_t H;                      // q/k heads
+  int32_t HV;                     // value heads; H divides HV
+  int32_t V;                      // value dim, multiple of 64
+  float scale;                    // applied after the fp32 q^T do dot, as fla does
+  uint32_t flags;                 // DhuFlags
+};
+
+}  // namespace kda_dhu
