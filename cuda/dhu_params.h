@@ -31,7 +31,7 @@ enum DhuFlags : uint32_t {
   FLAG_VARLEN = 1u << 4,     // cu_seqlens / chunk_offsets present, B == 1
 };
 
-struct alignas(64) DhuParams {
+struct alignas(128) DhuParams {
   CUtensorMap tma_q;
   CUtensorMap tma_k;
   CUtensorMap tma_w;

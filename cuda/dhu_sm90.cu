@@ -1,0 +1,474 @@
+// Stage 4 of fla's chunked gated delta rule backward on Hopper (sm_90a):
+// the reverse state scan `chunk_gated_delta_rule_bwd_dhu`, TMA + wgmma.
+//
+// One CTA owns (sequence n, value head hv, V tile of BV = 64 columns) and walks the
+// sequence's chunks of BT = 64 tokens newest first. The state gradient b [K, BV] lives
+// in fp32 registers for the whole walk, kept negated (c = -b) so that the w^T dv2
+// product accumulates straight into it (DESIGN.md "Registers"). Per chunk (SPEC.md):
+//
+//     dh[chunk]  = bf16(b)                                   TMA store of sBh
+//     DV [BT,BV] = k [BT,K] . bf16(b) [K,BV]                  wgmma, A k-major, B mn-major
+//     dv2        = gate(t) * DV + dv  -> q.dtype              registers -> sDv2 -> TMA store
+//     QD [K,BV]  = q^T [K,BT] . do [BT,BV]                    wgmma, A mn-major, B mn-major
+//     c          = decay . c - scale * QD                     fp32 registers (scale after the dot, as fla)
+//     c         += w^T [K,BT] . dv2 [BT,BV]                   wgmma into c (c = -b)
+//
+//   gate(t) = exp2(g[e-1] - g[t]) with the scalar gate g, else 1;
+//   decay   = exp2(gk[e-1]) per K row, times exp2(g[e-1]) with g;
+//   with g, q[t] is weighted by exp2(g[t]): applied to the rows of do in shared memory
+//   (q^T diag(e) do == q^T (diag(e) do)), since do is the smaller operand.
+//
+// fla's arithmetic order is kept: b is rounded to q.dtype before k.b, dv2 is rounded
+// before w^T.dv2, and scale multiplies the fp32 q^T.do dot after accumulation.
+//
+// Warp roles (160 threads):
+//   warps 0-3  consumer warpgroup: all wgmma, the fp32 recurrence, epilogues, TMA stores
+//   warp 4     producer: TMA loads of chunk tiles into a 2-stage mbarrier ring
+//              (k, q, w, do, dv tiles + the gk row e-1 by a bulk copy + g by plain loads)
+//
+// Barriers per stage s: full[s] (producer arrive.expect_tx + TMA bytes; consumers wait),
+// empty[s] (one arrive per consumer warp once the stage's operands are consumed).
+// Named barrier 1 (128 consumer threads) orders generic smem writes (dv2, bf16 b, do
+// rows) before their async-proxy readers (wgmma, TMA store), each preceded by
+// fence.proxy.async in the writing threads. The pipeline is drawn in
+// docs/dhu_sm90_pipeline.md.
+//
+// Shared memory operands, all 128-byte swizzled (TMA SWIZZLE_128B == CuTe's GMMA SW128
+// atoms), tile bases 1024-byte aligned:
+//   sK   (t, k)  k-major  : A of DV          [K/64 boxes][64 rows t][64 k]
+//   sQ,sW(k, t)  mn-major : A of QD / WD     same bytes as TMA wrote them
+//   sDo, sDv, sDv2 (v, t) mn-major : B of QD / WD (dv read by threads)   [64 rows t][64 v]
+//   sBh  (v, k)  mn-major : B of DV and the dh checkpoint's TMA source    [K rows k][64 v]
+// sBh is triple-buffered and sDv2 double-buffered so that the TMA stores reading them
+// never stall the serial chain (one cp.async.bulk group per chunk; the group of chunk
+// i-1 is waited for, read side only, at the end of chunk i).
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "dhu_params.h"
+
+namespace kda_dhu {
+namespace sm90 {
+
+using namespace cute;
+
+constexpr int BT = 64;
+constexpr int BV = 64;
+constexpr int NUM_CONSUMER_THREADS = 128;
+constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + 32;
+constexpr int STAGES = 2;
+constexpr int BH_BUFS = 3;
+constexpr int DV2_BUFS = 2;
+constexpr int CONSUMER_BARRIER = 1;  // named barrier id (0 is __syncthreads)
+
+// Shared memory map, in bytes from a 1024-aligned base. Mirrored by smem_bytes_sm90 in
+// src/launch.rs (the host asks for SMEM_BYTES + 1024 of dynamic shared memory).
+template <int K>
+struct SmemMap {
+  static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
+  static constexpr int VTILE = BT * BV * 2;        // one of do, dv, dv2
+  static constexpr int K_OFF = 0;
+  static constexpr int Q_OFF = K_OFF + KTILE;
+  static constexpr int W_OFF = Q_OFF + KTILE;
+  static constexpr int DO_OFF = W_OFF + KTILE;
+  static constexpr int DV_OFF = DO_OFF + VTILE;
+  static constexpr int STAGE = DV_OFF + VTILE;
+  static constexpr int BH_OFF = STAGES * STAGE;
+  static constexpr int BH = K * BV * 2;
+  static constexpr int DV2_OFF = BH_OFF + BH_BUFS * BH;
+  static constexpr int GK_OFF = DV2_OFF + DV2_BUFS * VTILE;
+  static constexpr int G_OFF = GK_OFF + STAGES * K * 4;
+  static constexpr int G_LEN = 80;                 // 64 g values + g[e-1], padded
+  static constexpr int BAR_OFF = G_OFF + STAGES * G_LEN * 4;
+  static constexpr int BYTES = BAR_OFF + 4 * 8;
+};
+
+template <class T> struct Mma;
+template <> struct Mma<cutlass::bfloat16_t> {
+  using DV = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>;
+  using UPD = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <> struct Mma<cutlass::half_t> {
+  using DV = SM90_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::MN>;
+  using UPD = SM90_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+
+// Byte offset of element (row, col) in a 128-byte-swizzled tile whose rows hold 64
+// 16-bit elements: the 16-byte chunk index is XORed with the row index mod 8.
+__device__ __forceinline__ uint32_t sw128(int row, int col) {
+  return uint32_t(row) * 128u + ((uint32_t((col >> 3) ^ (row & 7))) << 4) + (uint32_t(col & 7) << 1);
+}
+
+__device__ __forceinline__ void consumer_sync() {
+  cutlass::arch::NamedBarrier::sync(NUM_CONSUMER_THREADS, CONSUMER_BARRIER);
+}
+
+template <class T> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<cutlass::bfloat16_t>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<cutlass::half_t>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <class T> __device__ __forceinline__ float2 unpack2(uint32_t u);
+template <> __device__ __forceinline__ float2 unpack2<cutlass::bfloat16_t>(uint32_t u) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
+}
+template <> __device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t u) {
+  return __half22float2(*reinterpret_cast<__half2*>(&u));
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+template <int K, class T>
+__device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
+  using Map = SmemMap<K>;
+  using MmaOps = Mma<T>;
+  constexpr int KB = K / 64;  // 64-wide K boxes per tile
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Map::BAR_OFF);
+  uint64_t* empty_bar = full_bar + STAGES;
+
+  const int tid = threadIdx.x;
+  const int v_tile = blockIdx.x;
+  const int hv = blockIdx.y;
+  const int n = blockIdx.z;
+  const int h = hv / (p.HV / p.H);
+  const bool varlen = p.flags & FLAG_VARLEN;
+  const bool use_g = p.flags & FLAG_G;
+  const bool use_gk = p.flags & FLAG_GK;
+
+  // Sequence extent: tokens [bos, bos + len) of batch row b_row; chunks [boh, boh + NC) of dh.
+  int64_t bos, len, boh;
+  int b_row;
+  if (varlen) {
+    bos = p.cu_seqlens[n];
+    len = p.cu_seqlens[n + 1] - bos;
+    boh = p.chunk_offsets[n];
+    b_row = 0;
+  } else {
+    bos = 0;
+    len = p.T;
+    boh = int64_t(n) * p.NT;
+    b_row = n;
+  }
+  const int NC = int((len + BT - 1) / BT);
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], NUM_CONSUMER_THREADS / 32);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (tid >= NUM_CONSUMER_THREADS) {
+    // ------------------------------------------------------------------ producer warp
+    const int lane = tid - NUM_CONSUMER_THREADS;
+    const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * Map::VTILE + (use_gk ? K * 4 : 0));
+    for (int i = 0; i < NC; ++i) {
+      const int c = NC - 1 - i;
+      const int s = i % STAGES;
+      if (i >= STAGES) cutlass::arch::ClusterBarrier::wait(&empty_bar[s], ((i / STAGES) + 1) & 1);
+      const int64_t t0 = bos + int64_t(c) * BT;  // first token of the chunk (row in T)
+      const int64_t t_last = bos + min(int64_t(c + 1) * BT, len) - 1;
+      if (use_g) {
+        float* sG = reinterpret_cast<float*>(smem + Map::G_OFF) + s * Map::G_LEN;
+        const float* g_row = p.g + (int64_t(b_row) * p.T) * p.HV + hv;
+        for (int j = lane; j < BT; j += 32) {
+          const int64_t t = t0 + j;
+          sG[j] = (t <= t_last) ? g_row[t * p.HV] : 0.f;
+        }
+        if (lane == 0) sG[BT] = g_row[t_last * p.HV];
+        __syncwarp();
+      }
+      if (lane == 0) {
+        uint8_t* st = smem + s * Map::STAGE;
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full_bar[s], tx_bytes);
+        const int t0i = int(t0);
+        for (int kb = 0; kb < KB; ++kb) {
+          SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0i, b_row);
+          SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0i, b_row);
+          SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0i, b_row);
+        }
+        SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF, v_tile * BV, hv, t0i, b_row);
+        SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF, v_tile * BV, hv, t0i, b_row);
+        if (use_gk) {
+          const float* gk_row = p.gk + ((int64_t(b_row) * p.T + t_last) * p.HV + hv) * K;
+          SM90_BULK_COPY_G2S::copy(gk_row, &full_bar[s], smem + Map::GK_OFF + s * K * 4, K * 4);
+        }
+      }
+    }
+    // A padded packed batch (cu_seqlens[-1] < T): the last sequence's CTAs write zeros
+    // to dv2's padding rows for their (hv, V tile), as fla leaves them unwritten.
+    if (varlen && n == int(gridDim.z) - 1) {
+      const int64_t pad0 = bos + len;
+      T* dv2 = reinterpret_cast<T*>(p.dv2);
+      for (int64_t t = pad0 + lane / 8; t < p.T; t += 4) {
+        uint4* dst = reinterpret_cast<uint4*>(dv2 + (t * p.HV + hv) * p.V + v_tile * BV) + (lane % 8);
+        *dst = make_uint4(0, 0, 0, 0);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumers
+  // wgmma partitions. DV: (M = t, N = v, K = k). QD/WD: (M = k, N = v, K = t).
+  using LayoutKt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BT>, Int<K>>{}));
+  using LayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<K>, Int<BT>>{}, Step<_2, _1>{}));
+  using LayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<BT>>{}));
+  using LayoutBh = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<K>>{}));
+
+  auto mma_dv = make_tiled_mma(typename MmaOps::DV{});
+  auto mma_upd = make_tiled_mma(typename MmaOps::UPD{});
+  auto thr_dv = mma_dv.get_thread_slice(tid);
+  auto thr_upd = mma_upd.get_thread_slice(tid);
+
+  // Register accumulators and the (row, col) each of their elements holds.
+  Tensor accC = partition_fragment_C(mma_upd, Shape<Int<K>, Int<BV>>{});   // c = -b
+  Tensor accQD = partition_fragment_C(mma_upd, Shape<Int<K>, Int<BV>>{});
+  Tensor accDV = partition_fragment_C(mma_dv, Shape<Int<BT>, Int<BV>>{});
+  Tensor crdC = thr_upd.partition_C(make_identity_tensor(Shape<Int<K>, Int<BV>>{}));
+  Tensor crdDV = thr_dv.partition_C(make_identity_tensor(Shape<Int<BT>, Int<BV>>{}));
+  static_assert(size(accC) % 2 == 0 && size(accDV) % 2 == 0, "pairs of columns");
+
+  T* smem_t = reinterpret_cast<T*>(smem);
+  auto s_at = [&](int off) { return make_smem_ptr(reinterpret_cast<T*>(smem + off)); };
+  (void)smem_t;
+
+  const int64_t nh = int64_t(n) * p.HV + hv;      // (sequence, value head) for dht/dh0
+  const int v0 = v_tile * BV;
+
+  // c = -dht (or 0); bf16(b) -> sBh[0].
+  {
+    const uint32_t bh = smem_u32 + Map::BH_OFF;
+    CUTE_UNROLL
+    for (int i = 0; i < size(accC); i += 2) {
+      const int row = get<0>(crdC(i)), col = get<1>(crdC(i));
+      float2 x = make_float2(0.f, 0.f);
+      if (p.flags & FLAG_DHT)
+        x = *reinterpret_cast<const float2*>(p.dht + (nh * K + row) * p.V + v0 + col);
+      accC(i) = -x.x;
+      accC(i + 1) = -x.y;
+      st_shared_u32(bh + sw128(row, col), pack2<T>(x.x, x.y));
+    }
+    cutlass::arch::fence_view_async_shared();
+    consumer_sync();
+  }
+
+  for (int i = 0; i < NC; ++i) {
+    const int c = NC - 1 - i;
+    const int s = i % STAGES;
+    const int64_t chunk = boh + c;
+    const int rows = int(min(int64_t(BT), len - int64_t(c) * BT));  // valid tokens of the chunk
+    const bool partial = varlen && rows < BT;
+    uint8_t* st = smem + s * Map::STAGE;
+    const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
+    const int bh_buf = i % BH_BUFS;
+    const int dv2_buf = i % DV2_BUFS;
+    const uint32_t sBh_u32 = smem_u32 + Map::BH_OFF + bh_buf * Map::BH;
+    const uint32_t sDv2_u32 = smem_u32 + Map::DV2_OFF + dv2_buf * Map::VTILE;
+
+    // dh[chunk] = bf16(b), from the buffer the previous chunk (or the prologue) wrote.
+    if (tid == 0) {
+      SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + bh_buf * Map::BH, v0, 0, hv, int(chunk));
+    }
+
+    cutlass::arch::ClusterTransactionBarrier::wait(&full_bar[s], (i / STAGES) & 1);
+
+    // Rows of do past the sequence's end (varlen) are zeroed; with g, do[t] *= exp2(g[t]).
+    const float* sG = reinterpret_cast<const float*>(smem + Map::G_OFF) + s * Map::G_LEN;
+    if (partial || use_g) {
+      // 64 rows x 8 chunks of 16 bytes; the swizzle permutes chunks within a row only.
+      for (int j = tid; j < BT * 8; j += NUM_CONSUMER_THREADS) {
+        const int row = j >> 3;
+        const uint32_t a = st_u32 + Map::DO_OFF + row * 128 + (j & 7) * 16;
+        if (row >= rows) {
+          st_shared_v4(a, make_uint4(0, 0, 0, 0));
+        } else if (use_g) {
+          const float e = exp2f(sG[row]);
+          uint4 u = ld_shared_v4(a);
+          uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+          CUTE_UNROLL
+          for (int q = 0; q < 4; ++q) {
+            float2 f = unpack2<T>(w[q]);
+            w[q] = pack2<T>(f.x * e, f.y * e);
+          }
+          st_shared_v4(a, u);
+        }
+      }
+      cutlass::arch::fence_view_async_shared();
+      consumer_sync();
+    }
+
+    // DV = k . bf16(b)  and  QD = q^T . do, one batch each.
+    {
+      Tensor sK = make_tensor(s_at(s * Map::STAGE + Map::K_OFF), LayoutKt{});
+      Tensor sBh = make_tensor(s_at(Map::BH_OFF + bh_buf * Map::BH), LayoutBh{});
+      Tensor tA = thr_dv.make_fragment_A(thr_dv.partition_A(sK));
+      Tensor tB = thr_dv.make_fragment_B(thr_dv.partition_B(sBh));
+      warpgroup_fence_operand(accDV);
+      warpgroup_arrive();
+      mma_dv.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tA); ++kb) {
+        cute::gemm(mma_dv, tA(_, _, kb), tB(_, _, kb), accDV);
+        mma_dv.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(accDV);
+    }
+    {
+      Tensor sQ = make_tensor(s_at(s * Map::STAGE + Map::Q_OFF), LayoutQt{});
+      Tensor sDo = make_tensor(s_at(s * Map::STAGE + Map::DO_OFF), LayoutVt{});
+      Tensor tA = thr_upd.make_fragment_A(thr_upd.partition_A(sQ));
+      Tensor tB = thr_upd.make_fragment_B(thr_upd.partition_B(sDo));
+      warpgroup_fence_operand(accQD);
+      warpgroup_arrive();
+      mma_upd.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tA); ++kb) {
+        cute::gemm(mma_upd, tA(_, _, kb), tB(_, _, kb), accQD);
+        mma_upd.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(accQD);
+    }
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(accDV);
+
+    // dv2 = gate . DV + dv, rounded; zero past the sequence's end.
+    {
+      const float g_last = use_g ? sG[BT] : 0.f;
+      T* dv2_g = reinterpret_cast<T*>(p.dv2);
+      CUTE_UNROLL
+      for (int j = 0; j < size(accDV); j += 2) {
+        const int row = get<0>(crdDV(j)), col = get<1>(crdDV(j));
+        const float gate = use_g ? exp2f(g_last - sG[row]) : 1.f;
+        const float2 d = unpack2<T>(ld_shared_u32(st_u32 + Map::DV_OFF + sw128(row, col)));
+        uint32_t packed = pack2<T>(accDV(j) * gate + d.x, accDV(j + 1) * gate + d.y);
+        if (row >= rows) packed = 0u;
+        st_shared_u32(sDv2_u32 + sw128(row, col), packed);
+        if (partial && row < rows) {
+          const int64_t t = bos + int64_t(c) * BT + row;
+          *reinterpret_cast<uint32_t*>(dv2_g + (t * p.HV + hv) * p.V + v0 + col) = packed;
+        }
+      }
+      cutlass::arch::fence_view_async_shared();
+      consumer_sync();
+      if (tid == 0) {
+        if (!partial)
+          SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + Map::DV2_OFF + dv2_buf * Map::VTILE, v0, hv,
+                                  int(bos + int64_t(c) * BT), b_row);
+        tma_store_arrive();  // one bulk group per chunk: {dh[chunk], dv2 tile}
+      }
+    }
+
+    // c = decay . c - scale . QD
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accQD);
+    {
+      const float* sGk = reinterpret_cast<const float*>(smem + Map::GK_OFF) + s * K;
+      const float g_decay = use_g ? exp2f(sG[BT]) : 1.f;
+      CUTE_UNROLL
+      for (int j = 0; j < size(accC); ++j) {
+        const int row = get<0>(crdC(j));
+        const float decay = use_gk ? exp2f(sGk[row]) * g_decay : g_decay;
+        accC(j) = decay * accC(j) - p.scale * accQD(j);
+      }
+    }
+
+    // c += w^T . dv2  (c = -b, so this is b -= w^T dv2)
+    {
+      Tensor sW = make_tensor(s_at(s * Map::STAGE + Map::W_OFF), LayoutQt{});
+      Tensor sDv2 = make_tensor(s_at(Map::DV2_OFF + dv2_buf * Map::VTILE), LayoutVt{});
+      Tensor tA = thr_upd.make_fragment_A(thr_upd.partition_A(sW));
+      Tensor tB = thr_upd.make_fragment_B(thr_upd.partition_B(sDv2));
+      warpgroup_fence_operand(accC);
+      warpgroup_arrive();
+      mma_upd.accumulate_ = GMMA::ScaleOut::One;
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tA); ++kb) {
+        cute::gemm(mma_upd, tA(_, _, kb), tB(_, _, kb), accC);
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(accC);
+    }
+
+    // The stage's operands are consumed: hand it back to the producer.
+    __syncwarp();
+    if ((tid & 31) == 0) cutlass::arch::ClusterBarrier::arrive(&empty_bar[s]);
+
+    // bf16(b) for the next chunk -> sBh[(i+1) % 3] (last read by chunk i-2's store group).
+    if (i + 1 < NC) {
+      const uint32_t next = smem_u32 + Map::BH_OFF + ((i + 1) % BH_BUFS) * Map::BH;
+      CUTE_UNROLL
+      for (int j = 0; j < size(accC); j += 2) {
+        const int row = get<0>(crdC(j)), col = get<1>(crdC(j));
+        st_shared_u32(next + sw128(row, col), pack2<T>(-accC(j), -accC(j + 1)));
+      }
+      cutlass::arch::fence_view_async_shared();
+    }
+    if (tid == 0) tma_store_wait<1>();  // chunk i-1's group has been read out of smem
+    consumer_sync();
+  }
+
+  // dh0 = b after the oldest chunk.
+  if (p.flags & FLAG_DH0) {
+    CUTE_UNROLL
+    for (int j = 0; j < size(accC); j += 2) {
+      const int row = get<0>(crdC(j)), col = get<1>(crdC(j));
+      *reinterpret_cast<float2*>(p.dh0 + (nh * K + row) * p.V + v0 + col) = make_float2(-accC(j), -accC(j + 1));
+    }
+  }
+  if (tid == 0) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
+}
+
+}  // namespace sm90
+}  // namespace kda_dhu
+
+#define KDA_DHU_SM90_ENTRY(NAME, K, T)                                                     \
+  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90::NUM_THREADS, 1)            \
+      NAME(const __grid_constant__ kda_dhu::DhuParams p) {                               \
+    kda_dhu::sm90::dhu_kernel<K, T>(p);                                                   \
+  }
+
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16, 64, cutlass::bfloat16_t)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16, 64, cutlass::half_t)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16, 128, cutlass::bfloat16_t)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16, 128, cutlass::half_t)
