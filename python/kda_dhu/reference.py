@@ -1,0 +1,280 @@
+"""Float64 reference for fla's stage 4, ``chunk_gated_delta_rule_bwd_dhu``.
+
+The math is SPEC.md's recurrence ("The recurrence"), which is what fla-core 0.6.0's
+Triton kernel ``chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64``
+(``fla/ops/common/chunk_delta_h.py``) computes.  For each sequence ``n`` and value head
+``h`` (chunks of ``BT = chunk_size`` tokens ``[s, e)``, ``e = min(s + BT, end)``, so the
+last chunk of a sequence may be short):
+
+    b = dht[n, h]                       (zeros when dht is None)     [K, V]
+    for each chunk, newest first:
+        dh[chunk]  = b
+        dv2[t]     = exp2(g[e-1] - g[t]) * (k[t] @ R_k(b)) + dv[t]   t in [s, e)
+        b          = exp2(g[e-1]) * b                     (g only)
+        b          = exp2(gk[e-1])[:, None] * b           (gk only)
+        b          = b + scale * sum_t (exp2(g[t]) q[t])^T do[t]    (exp2(g[t]) g only)
+                       - sum_t w[t]^T R_w(dv2[t])
+    dh0[n, h] = b
+
+Gates are log2-space chunk-local cumulative sums (fla multiplies by exp2, not exp);
+``gk`` is only read at the last row of each chunk.  Value head ``h`` reads q/k head
+``h // (HV // H)`` ("GVA").
+
+Rounding model (``emulate_rounding=True``).  fla's kernel holds ``b`` in fp32 but feeds
+two tensor-core dots with 16-bit operands, and those two casts are the only roundings
+that change the *value* propagated through the recurrence by more than fp32 noise:
+
+* ``R_k``: ``b`` is cast to ``k.dtype`` before ``k @ b`` (``b_dh.to(b_k.dtype)``;
+  SPEC.md says q.dtype: q and k share a dtype in every fla caller).
+* ``R_w``: the fp32 ``dv2`` accumulator is cast to ``w.dtype`` before ``w^T dv2``
+  (``b_dv.to(b_w.dtype)``; SPEC.md says q.dtype, and the stored dv2 is cast to
+  ``dv.dtype``: all three coincide in fla's callers, the dot consumes the ``w.dtype``
+  cast, so that is what is modelled).
+
+Everything else is computed exactly in float64 and *not* modelled: fp32 accumulation
+order; the final casts of the outputs (``dh`` to q.dtype, ``dv2`` to dv.dtype, ``dh0``
+to fp32: the returned tensors are the unrounded float64 values, which is what outputs
+are compared against); and, with ``g``, fla's product ``q * exp2(g)`` which stays fp32
+and enters a fp32 ``tl.dot`` (TF32 on NVIDIA by default, 10 mantissa bits, finer than
+bf16's 7).  With ``emulate_rounding=False`` the reference is the exact recurrence.
+For float64 inputs both settings agree (the casts are no-ops).
+
+The computation runs in float64 on the inputs' device, vectorized over (sequence,
+value head); only the chunk walk is a Python loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["chunk_gated_delta_rule_bwd_dhu_ref", "rel_err"]
+
+
+def _round_to(x: torch.Tensor, dtype: torch.dtype, enabled: bool) -> torch.Tensor:
+    """Round float64 ``x`` to ``dtype`` and back (no-op when disabled or dtype is f64)."""
+    if not enabled or dtype == torch.float64:
+        return x
+    return x.to(dtype).to(torch.float64)
+
+
+def chunk_gated_delta_rule_bwd_dhu_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    do: torch.Tensor,
+    dv: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    h0: torch.Tensor | None = None,
+    dht: torch.Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: torch.LongTensor | None = None,
+    chunk_offsets: torch.LongTensor | None = None,
+    use_graph: bool = False,
+    *,
+    emulate_rounding: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Reference for ``fla.ops.common.chunk_delta_h.chunk_gated_delta_rule_bwd_dhu``.
+
+    Same arguments as fla 0.6.0 (match by keyword).  Shapes (N = B, or
+    ``len(cu_seqlens) - 1`` with varlen, where B must be 1):
+
+    ========== ======================== ==========================================
+    q, k       [B, T, H, K]             any float dtype (bf16/fp16 in fla)
+    w          [B, T, HV, K]            as q
+    do, dv     [B, T, HV, V]            as q
+    g          [B, T, HV]               log2-space chunk-local cumsum (scalar gate)
+    gk         [B, T, HV, K]            log2-space chunk-local cumsum (per-K gate);
+                                        only the last row of each chunk is read
+    h0         any                      only ``h0 is None`` matters
+    dht        [N, HV, K, V]            ([N, HV, V, K] with state_v_first); None = 0
+    cu_seqlens [N + 1] int              varlen boundaries; rows >= cu_seqlens[-1]
+                                        of a padded packed batch are ignored
+    ========== ======================== ==========================================
+
+    ``scale=None`` means ``K ** -0.5`` (fla's user-facing default; fla's stage 4
+    itself requires callers to pass it).  ``chunk_indices`` only sets the length of
+    dh's chunk dimension (``len(chunk_indices)``, as fla allocates it);
+    ``chunk_offsets[n]`` is where sequence n's chunks start in that dimension
+    (default: the exclusive cumsum of ``ceil(len_n / chunk_size)``, fla's
+    ``prepare_chunk_offsets``).  ``use_graph`` is ignored.  H must divide HV.
+
+    Returns float64 tensors on the inputs' device:
+
+    * ``dh``  [B, NT, HV, K, V] ([B, NT, HV, V, K] with state_v_first): the state
+      gradient entering each chunk (unrounded; fla stores it in q.dtype).  With
+      varlen the chunks of all sequences are concatenated along dim 1.
+    * ``dh0`` like dht (shape [N, HV, K, V] or [N, HV, V, K]), or None iff h0 is None.
+    * ``dv2`` like dv (unrounded); rows no sequence covers stay zero.
+
+    ``emulate_rounding`` models fla's two operand casts (see the module docstring).
+    """
+    del use_graph  # fla's static output buffers: irrelevant to the values
+    BT = int(chunk_size)
+    if BT <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q and k must be [B, T, H, K] of equal shape, got {tuple(q.shape)}, {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if do.dim() != 4 or do.shape[:2] != (B, T):
+        raise ValueError(f"do must be [B, T, HV, V], got {tuple(do.shape)}")
+    HV, V = do.shape[2], do.shape[3]
+    if dv.shape != do.shape:
+        raise ValueError(f"dv must match do {tuple(do.shape)}, got {tuple(dv.shape)}")
+    if w.shape != (B, T, HV, K):
+        raise ValueError(f"w must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(w.shape)}")
+    if HV % H != 0:
+        raise ValueError(f"H ({H}) must divide HV ({HV})")
+    if g is not None and g.shape != (B, T, HV):
+        raise ValueError(f"g must be [B, T, HV] = {(B, T, HV)}, got {tuple(g.shape)}")
+    if gk is not None and gk.shape != (B, T, HV, K):
+        raise ValueError(f"gk must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(gk.shape)}")
+    if scale is None:
+        scale = K ** -0.5
+    scale = float(scale)
+    device = q.device
+    f64 = torch.float64
+    G = HV // H
+
+    # ---- sequences: (batch row, first token, length) and chunk offsets in dh ----
+    if cu_seqlens is None:
+        N = B
+        seq_batch = list(range(B))
+        seq_bos = [0] * B
+        seq_len = [T] * B
+    else:
+        if B != 1:
+            raise ValueError(f"varlen (cu_seqlens) needs B == 1, got B = {B}")
+        cu = [int(x) for x in cu_seqlens.tolist()]
+        if len(cu) < 2 or cu[0] < 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] > T:
+            raise ValueError(f"cu_seqlens must be non-decreasing within [0, T={T}], got {cu}")
+        N = len(cu) - 1
+        seq_batch = [0] * N
+        seq_bos = cu[:-1]
+        seq_len = [b - a for a, b in zip(cu, cu[1:])]
+    seq_nt = [-(-L // BT) for L in seq_len]
+    if cu_seqlens is None:
+        NT = math.ceil(T / BT)
+        offs = [0] * N
+    else:
+        if chunk_offsets is not None:
+            offs = [int(x) for x in chunk_offsets.tolist()[:N]]
+        else:
+            offs = [0] * N
+            for n in range(1, N):
+                offs[n] = offs[n - 1] + seq_nt[n - 1]
+        NT = len(chunk_indices) if chunk_indices is not None else sum(seq_nt)
+        for n in range(N):
+            if seq_nt[n] and not (0 <= offs[n] and offs[n] + seq_nt[n] <= NT):
+                raise ValueError(f"chunk_offsets[{n}] = {offs[n]} puts {seq_nt[n]} chunks outside [0, {NT})")
+    state_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    if dht is not None and tuple(dht.shape) != state_shape:
+        raise ValueError(f"dht must be {state_shape}, got {tuple(dht.shape)}")
+
+    # ---- gather every sequence into a padded [N, HV, L, *] layout, L = max chunks * BT.
+    # Each sequence starts at position 0, so chunk c of every sequence is [c*BT, (c+1)*BT).
+    NTmax = max(seq_nt) if N else 0
+    L = NTmax * BT
+    pos = torch.arange(L, device=device)
+    lens = torch.tensor(seq_len, device=device, dtype=torch.long)
+    valid = pos[None, :] < lens[:, None]                                         # [N, L]
+    rows = (torch.tensor(seq_batch, device=device) * T + torch.tensor(seq_bos, device=device))[:, None] + pos[None, :]
+    rows = torch.where(valid, rows, torch.zeros_like(rows))                       # [N, L] into B*T
+
+    def gather(x: torch.Tensor, expand_heads: bool = False) -> torch.Tensor:
+        # x: [B, T, h, *] -> float64 [N, HV, L, *], zero outside the sequences.
+        xt = x.reshape(B * T, *x.shape[2:])[rows].to(f64)                         # [N, L, h, *]
+        mask = valid.reshape(N, L, *([1] * (xt.dim() - 2)))
+        xt = torch.where(mask, xt, torch.zeros((), dtype=f64, device=device))
+        if expand_heads and G > 1:
+            xt = xt.repeat_interleave(G, dim=2)                                   # head h <- h // G
+        return xt.movedim(2, 1).contiguous()
+
+    qp = gather(q, expand_heads=True)
+    kp = gather(k, expand_heads=True)
+    wp = gather(w)
+    dop = gather(do)
+    dvp = gather(dv)
+    gp = gather(g) if g is not None else None                                     # [N, HV, L]
+    gkp = gather(gk) if gk is not None else None                                  # [N, HV, L, K]
+
+    if dht is None:
+        b = torch.zeros(N, HV, K, V, dtype=f64, device=device)
+    else:
+        b = dht.to(device=device, dtype=f64)
+        if state_v_first:
+            b = b.transpose(-1, -2)
+        b = b.contiguous()
+
+    dh = torch.zeros(B, NT, HV, K, V, dtype=f64, device=device)
+    dv2p = torch.zeros(N, HV, L, V, dtype=f64, device=device)
+    seq_nt_t = torch.tensor(seq_nt, device=device)
+    seq_batch_t = torch.tensor(seq_batch, device=device)
+    offs_t = torch.tensor(offs, device=device)
+
+    for c in range(NTmax - 1, -1, -1):
+        s, e = c * BT, (c + 1) * BT
+        active = seq_nt_t > c                                                     # [N]
+        act_idx = active.nonzero().squeeze(1)
+        dh[seq_batch_t[act_idx], offs_t[act_idx] + c] = b[act_idx]
+        # last row of the chunk per sequence (clamped into the chunk for inactive ones)
+        last = (torch.minimum(lens, torch.full_like(lens, e)) - 1).clamp(min=s)     # [N]
+        vmask = valid[:, s:e]                                                     # [N, BT]
+
+        kc, qc, wc = kp[:, :, s:e], qp[:, :, s:e], wp[:, :, s:e]
+        dvc = kc @ _round_to(b, k.dtype, emulate_rounding)                        # [N, HV, BT, V]
+        if gp is not None:
+            g_last = gp.gather(2, last.view(N, 1, 1).expand(N, HV, 1))            # [N, HV, 1]
+            gc = gp[:, :, s:e]
+            fac = torch.where(vmask[:, None, :], torch.exp2(g_last - gc), torch.zeros((), dtype=f64, device=device))
+            dvc = dvc * fac[..., None]
+            qc = qc * torch.exp2(gc)[..., None]
+        dvc = dvc + dvp[:, :, s:e]
+        dv2p[:, :, s:e] = dvc
+
+        bn = b
+        if gp is not None:
+            bn = bn * torch.exp2(g_last)[..., None]
+        if gkp is not None:
+            gk_last = gkp.gather(2, last.view(N, 1, 1, 1).expand(N, HV, 1, K))     # [N, HV, 1, K]
+            bn = bn * torch.exp2(gk_last).transpose(-1, -2)                       # per-K-row decay
+        bn = bn + scale * (qc.transpose(-1, -2) @ dop[:, :, s:e]) \
+            - wc.transpose(-1, -2) @ _round_to(dvc, w.dtype, emulate_rounding)
+        b = torch.where(active.view(N, 1, 1, 1), bn, b)
+
+    dh0 = None
+    if h0 is not None:
+        dh0 = b.transpose(-1, -2).contiguous() if state_v_first else b
+    if state_v_first:
+        dh = dh.transpose(-1, -2).contiguous()
+
+    dv2 = torch.zeros(B * T, HV, V, dtype=f64, device=device)
+    dv2[rows[valid]] = dv2p.movedim(1, 2)[valid]
+    return dh, dh0, dv2.reshape(B, T, HV, V)
+
+
+def rel_err(out: torch.Tensor | None, ref: torch.Tensor | None) -> float:
+    """‖out − ref‖ / ‖ref‖ (Frobenius, float64); inf if ``out`` has NaN/Inf.
+
+    Both None gives 0.0; exactly one None, or a shape mismatch, raises ValueError.
+    A zero ``ref`` gives ‖out‖ (absolute error) so that an all-zero reference still
+    discriminates.
+    """
+    if out is None and ref is None:
+        return 0.0
+    if out is None or ref is None:
+        raise ValueError("rel_err: one of out/ref is None and the other is not")
+    if tuple(out.shape) != tuple(ref.shape):
+        raise ValueError(f"rel_err: shape mismatch {tuple(out.shape)} vs {tuple(ref.shape)}")
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    if not bool(torch.isfinite(o).all()):
+        return math.inf
+    num = torch.linalg.vector_norm(o - r).item()
+    den = torch.linalg.vector_norm(r).item()
+    return num / den if den > 0 else num
