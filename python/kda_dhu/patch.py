@@ -1,0 +1,176 @@
+"""Drop-in monkeypatch of fla's stage 4 for any fla version.
+
+fla's ops import the function by name
+(``from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu`` in
+``fla.ops.kda.chunk_bwd``, ``fla.ops.gated_delta_rule.chunk``, ``fla.ops.delta_rule.chunk``,
+...), so replacing the attribute of ``fla.ops.common.chunk_delta_h`` alone would not
+reach them.  :func:`patch` rebinds the name in *every* imported ``fla.*`` module whose
+global ``chunk_gated_delta_rule_bwd_dhu`` is fla's function (the dispatch-decorated one
+of fla >= 0.6 or the undecorated original), including ``fla.ops.common.chunk_delta_h``
+itself so that modules imported later pick up the replacement too.  It first imports
+the fla modules known to use the function, so they bind fla's original before the
+patch and are rebound with the rest.
+
+Every replacement is recorded as (module, previous object, new object); :func:`unpatch`
+puts back exactly the previous objects (``is``-identical), and only where the module
+still holds our replacement (a name someone else rebound since is left alone).
+
+On fla >= 0.6 prefer :func:`kda_dhu.fla_backend.register_backend`, which plugs into
+fla's own backend registry without touching module globals.
+
+Note: the dispatcher's fallback must call fla's function through a reference captured
+before patching (``kda_dhu._dispatch.fla_function()``, the undecorated original);
+looking the name up in ``fla.ops.common.chunk_delta_h`` at call time would find the
+replacement and recurse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+__all__ = ["patch", "unpatch", "patched", "is_patched", "patched_modules"]
+
+logger = logging.getLogger(__name__)
+
+NAME = "chunk_gated_delta_rule_bwd_dhu"
+
+# fla modules that import the function by name (fla 0.5 - 0.6 layouts); a missing one
+# is skipped.  Any other already-imported fla module holding it is patched as well.
+_KNOWN_USERS = (
+    "fla.ops.common.chunk_delta_h",
+    "fla.ops.kda",
+    "fla.ops.kda.chunk",
+    "fla.ops.kda.chunk_bwd",
+    "fla.ops.gated_delta_rule",
+    "fla.ops.gated_delta_rule.chunk",
+    "fla.ops.delta_rule",
+    "fla.ops.delta_rule.chunk",
+    "fla.ops.comba",
+    "fla.ops.comba.chunk",
+    "fla.ops.gdn2",
+    "fla.ops.gdn2.chunk_bwd",
+    "fla.ops.precond_kda",
+    "fla.ops.precond_kda.chunk",
+    "fla.ops.precond_gated_delta_rule",
+    "fla.ops.precond_gated_delta_rule.chunk",
+    "fla.ops.gated_delta_product",
+    "fla.ops.gated_delta_product.chunk",
+    "fla.ops.generalized_delta_rule",
+)
+
+_lock = threading.RLock()
+# (module, previous object, replacement), in the order they were made
+_records: list[tuple[ModuleType, Any, Any]] = []
+
+
+def _dispatch_module() -> ModuleType:
+    return importlib.import_module("kda_dhu._dispatch")
+
+
+def _wraps_target(obj: Any, target: Any, max_depth: int = 32) -> bool:
+    """True if ``obj`` is ``target`` or reaches it through a ``__wrapped__`` chain."""
+    seen = 0
+    while obj is not None and seen <= max_depth:
+        if obj is target:
+            return True
+        try:
+            obj = getattr(obj, "__wrapped__", None)
+        except Exception:  # exotic objects: not fla's function
+            return False
+        seen += 1
+    return False
+
+
+def _import_known_users() -> None:
+    for name in _KNOWN_USERS:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # missing in this fla version, or unusable here
+            logger.debug("kda_dhu.patch: skipping %s (%s: %s)", name, type(error).__name__, error)
+
+
+def _fla_modules() -> list[ModuleType]:
+    return [m for n, m in list(sys.modules.items())
+            if (n == "fla" or n.startswith("fla.")) and isinstance(m, ModuleType)]
+
+
+def patch() -> int:
+    """Route fla's stage 4 to ``kda_dhu._dispatch.chunk_gated_delta_rule_bwd_dhu``.
+
+    Imports fla's modules that use the function, then rebinds the name in every
+    imported ``fla.*`` module that holds fla's function.  Idempotent: a second call
+    only picks up fla modules imported (with fla's function) since the first.
+
+    Returns the number of module globals rebound by this call.
+    Raises ImportError (from ``kda_dhu._dispatch.fla_function``) if fla is missing.
+    """
+    with _lock:
+        dispatch = _dispatch_module()
+        original = dispatch.fla_function()  # raises ImportError without fla
+        ours = dispatch.chunk_gated_delta_rule_bwd_dhu
+        _import_known_users()
+        count = 0
+        for module in _fla_modules():
+            current = module.__dict__.get(NAME)
+            if current is None or current is ours or not _wraps_target(current, original):
+                continue
+            setattr(module, NAME, ours)
+            _records.append((module, current, ours))
+            count += 1
+            logger.debug("kda_dhu.patch: %s.%s -> kda_dhu", module.__name__, NAME)
+        if not _records:
+            logger.warning("kda_dhu.patch: no fla module holds %s; nothing patched", NAME)
+        return count
+
+
+def unpatch() -> int:
+    """Undo :func:`patch`: every rebound name gets back the identical previous object.
+
+    A name that no longer holds our replacement (rebound by someone else since) is
+    left as it is.  Without a prior patch this is a no-op.  Returns the number of
+    module globals restored.
+    """
+    with _lock:
+        count = 0
+        for module, previous, replacement in reversed(_records):
+            if module.__dict__.get(NAME) is replacement:
+                setattr(module, NAME, previous)
+                count += 1
+            else:
+                logger.warning("kda_dhu.unpatch: %s.%s was rebound by someone else; left as is",
+                               module.__name__, NAME)
+        _records.clear()
+        return count
+
+
+def is_patched() -> bool:
+    """True between a :func:`patch` that rebound at least one name and :func:`unpatch`."""
+    with _lock:
+        return bool(_records)
+
+
+@contextlib.contextmanager
+def patched() -> Iterator[None]:
+    """Context manager: :func:`patch` on entry; on exit (exceptions included) undo it,
+    unless fla was already patched on entry (then the outer patch stays)."""
+    with _lock:
+        was_patched = is_patched()
+        patch()
+    try:
+        yield
+    finally:
+        if not was_patched:
+            unpatch()
+
+
+def patched_modules() -> list[str]:
+    """Names of the fla modules currently rebound (for diagnostics and tests)."""
+    with _lock:
+        return [module.__name__ for module, _, _ in _records]
