@@ -203,3 +203,20 @@ def test_concurrent_patch_unpatch_ends_consistent():
     assert not errors
     P.unpatch()
     _assert_same(before, _snapshot())
+
+
+def test_original_function_is_fla_object_while_patched(monkeypatch):
+    import inspect
+
+    decorated = sys.modules[SOURCE].__dict__[NAME]
+    assert P.original_function() is decorated
+    with P.patched():
+        assert P.original_function() is decorated
+        # the dispatcher's fallback, looked up for the first time while patched,
+        # must still be fla's undecorated function, never the replacement
+        if hasattr(D, "_fla_fn"):
+            monkeypatch.setattr(D, "_fla_fn", None)
+        fn = D.fla_function()
+        assert fn is inspect.unwrap(decorated)
+        assert fn is not _ours()
+    assert P.original_function() is decorated

@@ -35,11 +35,12 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-__all__ = ["patch", "unpatch", "patched", "is_patched", "patched_modules"]
+__all__ = ["patch", "unpatch", "patched", "is_patched", "patched_modules", "original_function"]
 
 logger = logging.getLogger(__name__)
 
 NAME = "chunk_gated_delta_rule_bwd_dhu"
+SOURCE = "fla.ops.common.chunk_delta_h"
 
 # fla modules that import the function by name (fla 0.5 - 0.6 layouts); a missing one
 # is skipped.  Any other already-imported fla module holding it is patched as well.
@@ -174,3 +175,22 @@ def patched_modules() -> list[str]:
     """Names of the fla modules currently rebound (for diagnostics and tests)."""
     with _lock:
         return [module.__name__ for module, _, _ in _records]
+
+
+def original_function() -> Any:
+    """The object ``fla.ops.common.chunk_delta_h.chunk_gated_delta_rule_bwd_dhu`` held
+    before :func:`patch` (fla's decorated function on fla >= 0.6), or what it holds now
+    when not patched.  Takes no lock (``kda_dhu._dispatch.fla_function`` calls it while
+    holding its own), reading a snapshot of the records.
+
+    Raises ImportError without fla, RuntimeError if the module holds kda_dhu's
+    dispatcher but this module did not put it there.
+    """
+    for module, previous, _ in list(_records):
+        if module.__name__ == SOURCE:
+            return previous
+    module = importlib.import_module(SOURCE)
+    current = module.__dict__.get(NAME)
+    if getattr(current, "_kda_dhu_entry", False):
+        raise RuntimeError(f"{SOURCE}.{NAME} holds kda_dhu's dispatcher, not put there by kda_dhu.patch")
+    return current
