@@ -1,0 +1,454 @@
+//! Device side of the host core: the driver, per-device state (primary context,
+//! module, functions), filling DhuParams and launching on the caller's stream.
+//!
+//! Everything is cached per device for the life of the process: the primary context
+//! (torch uses the same one), the module loaded from the embedded cubin, the four
+//! CUfunction handles with their dynamic-smem attribute set. A launch then costs the
+//! validation, seven cuTensorMapEncodeTiled calls and one cuLaunchKernel.
+
+use crate::abi::DhuParams;
+use crate::driver::{check, require_driver};
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, BLOCK_THREADS_SM90};
+use crate::tensor::TensorMeta;
+use crate::tma::{build_tensor_maps, TmaPointers, TmaShape};
+use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUfunction, CUfunction_attribute, CUmodule};
+use std::ffi::{c_void, CString};
+use std::sync::OnceLock;
+
+/// Dynamic shared memory of the Hopper kernel for head dim `k`: mirror of
+/// `SmemMap<K>::BYTES` in cuda/dhu_sm90.cu plus 1024 bytes to align the base to 1024
+/// (what that file's comment asks the host for). Change both together.
+pub fn smem_bytes_sm90(k: u32) -> u32 {
+    const BT: u32 = 64;
+    const BV: u32 = 64;
+    const STAGES: u32 = 2;
+    const BH_BUFS: u32 = 3;
+    const DV2_BUFS: u32 = 2;
+    const G_LEN: u32 = 80;
+    let ktile = BT * k * 2; // one of k, q, w for one chunk
+    let vtile = BT * BV * 2; // one of do, dv, dv2
+    let stage = 3 * ktile + 2 * vtile;
+    let bh = k * BV * 2;
+    let bytes = STAGES * stage // TMA ring
+        + BH_BUFS * bh // bf16 state: DV's B operand and the dh checkpoint
+        + DV2_BUFS * vtile // dv2 staging
+        + STAGES * k * 4 // gk rows
+        + STAGES * G_LEN * 4 // g values
+        + 4 * 8; // mbarriers
+    bytes + 1024
+}
+
+/// Raw driver handles are plain pointers; the driver allows using them from any thread.
+#[derive(Clone, Copy, Debug)]
+struct Handle<T>(T);
+// SAFETY: CUcontext / CUmodule / CUfunction are process-wide driver handles, valid on
+// every thread once the context is current there.
+unsafe impl<T> Send for Handle<T> {}
+unsafe impl<T> Sync for Handle<T> {}
+
+struct Kernels {
+    _module: Handle<CUmodule>,
+    /// Indexed by KernelConfig::slot(): k64 bf16, k64 fp16, k128 bf16, k128 fp16.
+    funcs: [Handle<CUfunction>; 4],
+}
+
+struct DeviceState {
+    ordinal: i32,
+    dev: CUdevice,
+    info: DeviceInfo,
+    max_smem_optin: i32,
+    ctx: OnceLock<Result<Handle<CUcontext>>>,
+    kernels: OnceLock<Result<Kernels>>,
+}
+
+struct Driver {
+    version: i32,
+    devices: Vec<OnceLock<Result<DeviceState>>>,
+}
+
+fn driver() -> Result<&'static Driver> {
+    static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
+    require_driver()?;
+    DRIVER
+        .get_or_init(|| {
+            // SAFETY: plain driver queries with out-pointers to locals.
+            unsafe {
+                check(sys::cuInit(0), || "cuInit".into())?;
+                let mut count = 0;
+                check(sys::cuDeviceGetCount(&mut count), || "cuDeviceGetCount".into())?;
+                let mut version = 0;
+                check(sys::cuDriverGetVersion(&mut version), || "cuDriverGetVersion".into())?;
+                Ok(Driver { version, devices: (0..count.max(0)).map(|_| OnceLock::new()).collect() })
+            }
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn attribute(dev: CUdevice, attr: CUdevice_attribute, ordinal: i32) -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: out-pointer to a local.
+    check(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) }, || format!("cuDeviceGetAttribute({attr:?}) on cuda:{ordinal}"))?;
+    Ok(v)
+}
+
+fn device(ordinal: i32) -> Result<&'static DeviceState> {
+    let drv = driver()?;
+    let slot = usize::try_from(ordinal)
+        .ok()
+        .and_then(|i| drv.devices.get(i))
+        .ok_or_else(|| Error::device("device", format!("expected a CUDA ordinal in [0, {}), got {ordinal}", drv.devices.len())))?;
+    slot.get_or_init(|| {
+        let mut dev: CUdevice = 0;
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuDeviceGet(&mut dev, ordinal) }, || format!("cuDeviceGet({ordinal})"))?;
+        use CUdevice_attribute::*;
+        let info = DeviceInfo {
+            cc_major: attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ordinal)?,
+            cc_minor: attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ordinal)?,
+            sm_count: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal)?,
+        };
+        let max_smem_optin = attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, ordinal)?;
+        Ok(DeviceState { ordinal, dev, info, max_smem_optin, ctx: OnceLock::new(), kernels: OnceLock::new() })
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// Makes a context current for a scope and restores the previous one on drop.
+struct CtxScope {
+    prev: CUcontext,
+    switched: bool,
+}
+
+impl CtxScope {
+    fn enter(ctx: CUcontext) -> Result<CtxScope> {
+        let mut prev: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; ctx is a retained primary context.
+        unsafe {
+            check(sys::cuCtxGetCurrent(&mut prev), || "cuCtxGetCurrent".into())?;
+            if prev == ctx {
+                return Ok(CtxScope { prev, switched: false });
+            }
+            check(sys::cuCtxSetCurrent(ctx), || "cuCtxSetCurrent".into())?;
+        }
+        Ok(CtxScope { prev, switched: true })
+    }
+}
+
+impl Drop for CtxScope {
+    fn drop(&mut self) {
+        if self.switched {
+            // SAFETY: restores what was current before (possibly null, which is valid).
+            let _ = unsafe { sys::cuCtxSetCurrent(self.prev) };
+        }
+    }
+}
+
+impl DeviceState {
+    /// The device's primary context (retained once, never released: torch shares it).
+    fn context(&self) -> Result<CUcontext> {
+        self.ctx
+            .get_or_init(|| {
+                let mut ctx: CUcontext = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local.
+                check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, self.dev) }, || {
+                    format!("cuDevicePrimaryCtxRetain on cuda:{}", self.ordinal)
+                })?;
+                Ok(Handle(ctx))
+            })
+            .as_ref()
+            .map(|h| h.0)
+            .map_err(Clone::clone)
+    }
+
+    /// The module of `arch` and its four entry points, loaded once (the context must be
+    /// current).
+    fn kernels(&self, arch: Arch) -> Result<&Kernels> {
+        self.kernels
+            .get_or_init(|| {
+                let image = kernels::find(arch.stem(), arch.sass()).ok_or_else(|| {
+                    Error::Internal(format!("no embedded cubin for {} {}", arch.stem(), arch.sass()))
+                })?;
+                let mut module: CUmodule = std::ptr::null_mut();
+                // SAFETY: the image is a complete, 128-byte aligned cubin embedded for
+                // the process lifetime.
+                check(unsafe { sys::cuModuleLoadData(&mut module, image.image.0.as_ptr() as *const c_void) }, || {
+                    format!("cuModuleLoadData({}.{}) on cuda:{}", arch.stem(), arch.sass(), self.ordinal)
+                })?;
+                let mut funcs = [Handle(std::ptr::null_mut()); 4];
+                for (slot, (k, dtype)) in
+                    [(64, crate::tensor::DType::BF16), (64, crate::tensor::DType::F16), (128, crate::tensor::DType::BF16), (128, crate::tensor::DType::F16)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    let cfg = KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1] };
+                    debug_assert_eq!(cfg.slot(), slot);
+                    let name = cfg.entry_point(arch);
+                    let cname = CString::new(name).expect("entry point names have no NUL");
+                    let mut f: CUfunction = std::ptr::null_mut();
+                    // SAFETY: module was loaded above; cname outlives the call.
+                    check(unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, || {
+                        format!("cuModuleGetFunction({name})")
+                    })?;
+                    let smem = smem_bytes_sm90(k);
+                    if smem as i64 > self.max_smem_optin as i64 {
+                        return Err(Error::Internal(format!(
+                            "{name} needs {smem} bytes of shared memory, cuda:{} allows {}",
+                            self.ordinal, self.max_smem_optin
+                        )));
+                    }
+                    // SAFETY: f is a valid function handle.
+                    check(
+                        unsafe {
+                            sys::cuFuncSetAttribute(
+                                f,
+                                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                smem as i32,
+                            )
+                        },
+                        || format!("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem}) on {name}"),
+                    )?;
+                    funcs[slot] = Handle(f);
+                }
+                Ok(Kernels { _module: Handle(module), funcs })
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// The planner's view of a device (no context needed).
+pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
+    Ok(device(ordinal)?.info)
+}
+
+/// (driver usable, a one-line description), without creating a context.
+pub fn cuda_status() -> (bool, String) {
+    let drv = match driver() {
+        Ok(d) => d,
+        Err(e) => return (false, e.to_string()),
+    };
+    let mut parts = Vec::new();
+    for i in 0..drv.devices.len() as i32 {
+        match device(i) {
+            Ok(d) => parts.push(format!("cuda:{i} {} ({} SMs)", d.info.sm_name(), d.info.sm_count)),
+            Err(e) => parts.push(format!("cuda:{i} unavailable ({e})")),
+        }
+    }
+    let v = drv.version;
+    let ok = !parts.is_empty();
+    let list = if ok { parts.join(", ") } else { "no devices".to_string() };
+    (ok, format!("CUDA driver {}.{}, {} device(s): {list}", v / 1000, (v % 1000) / 10, drv.devices.len()))
+}
+
+/// "sm_90" for an H100/H200.
+pub fn device_arch(ordinal: i32) -> Result<String> {
+    Ok(device_info(ordinal)?.sm_name())
+}
+
+/// Validation with the device check + the device's DeviceInfo + the plan.
+pub fn plan_call(args: &CallArgs, rule: Rule) -> Result<(CallDesc, Plan)> {
+    let desc = validate(args, true)?;
+    let ordinal = desc.device.ok_or_else(|| Error::Internal("validated call without a device".into()))?;
+    let info = device_info(ordinal)?;
+    let p = plan(&desc, &info, rule);
+    Ok((desc, p))
+}
+
+fn opt_ptr(t: &Option<TensorMeta>) -> u64 {
+    t.as_ref().map_or(0, |t| t.ptr)
+}
+
+/// DhuParams without the tensor maps (pure: tested without a GPU).
+pub fn fill_scalars(args: &CallArgs, outs: &Outputs, desc: &CallDesc, config: &KernelConfig, nt: i64) -> Result<DhuParams> {
+    let varlen = desc.varlen();
+    if varlen && args.chunk_offsets.is_none() {
+        return Err(Error::value(
+            "chunk_offsets",
+            "expected a tensor with cu_seqlens (the Python layer computes it when the caller gives none), got None",
+        ));
+    }
+    let d = &desc.dims;
+    let to_i32 = |x: i64, name: &'static str| {
+        i32::try_from(x).map_err(|_| Error::value(name, format!("expected a value that fits in int32, got {x}")))
+    };
+    let mut p = DhuParams::zeroed();
+    p.g = opt_ptr(&args.g);
+    p.gk = opt_ptr(&args.gk);
+    p.dht = opt_ptr(&args.dht);
+    p.dh0 = opt_ptr(&outs.dh0);
+    p.cu_seqlens = if varlen { opt_ptr(&args.cu_seqlens) } else { 0 };
+    p.chunk_offsets = if varlen { opt_ptr(&args.chunk_offsets) } else { 0 };
+    p.dv2 = outs.dv2.ptr;
+    p.dh = outs.dh.ptr;
+    p.t = d.t;
+    p.nt = to_i32(nt, "dh")?;
+    p.h = to_i32(d.h, "q")?;
+    p.hv = to_i32(d.hv, "w")?;
+    p.v = to_i32(d.v, "do")?;
+    p.scale = desc.scale as f32;
+    p.flags = config.flags;
+    Ok(p)
+}
+
+/// Re-validates the call (full check + Extended plan), fills DhuParams and launches
+/// on `stream` (a CUstream as an integer; 0 is the legacy default stream). No sync.
+pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
+    let (desc, p) = plan_call(args, Rule::Extended)?;
+    let (arch, config) = match p {
+        Plan::Kernel { arch, config } => (arch, config),
+        Plan::Fallback { reason } => return Err(Error::NotPlanned(reason)),
+    };
+    let nt = validate_outputs(&desc, outs)?;
+    let mut params = fill_scalars(args, outs, &desc, &config, nt)?;
+    let d = &desc.dims;
+    let shape = TmaShape {
+        b: d.b as u64,
+        t: d.t as u64,
+        h: d.h as u64,
+        hv: d.hv as u64,
+        k: d.k as u64,
+        v: d.v as u64,
+        nt: nt as u64,
+        dtype: config.dtype,
+    };
+    let ptrs = TmaPointers {
+        q: args.q.ptr,
+        k: args.k.ptr,
+        w: args.w.ptr,
+        do_: args.do_.ptr,
+        dv: args.dv.ptr,
+        dv2: outs.dv2.ptr,
+        dh: outs.dh.ptr,
+    };
+    let maps = build_tensor_maps(&shape, &ptrs)?;
+    [params.tma_q, params.tma_k, params.tma_w, params.tma_do, params.tma_dv, params.tma_dv2, params.tma_dh] = maps;
+
+    let dev = device(desc.device.expect("planned with a device"))?;
+    let ctx = dev.context()?;
+    let _scope = CtxScope::enter(ctx)?;
+    let f = dev.kernels(arch)?.funcs[config.slot()].0;
+    let smem = smem_bytes_sm90(config.k);
+    let [gx, gy, gz] = config.grid;
+    let mut kernel_args: [*mut c_void; 1] = [&mut params as *mut DhuParams as *mut c_void];
+    // SAFETY: f belongs to the current context's module; kernel_args points at one
+    // live DhuParams, the kernel's single parameter; the driver copies it at launch.
+    let res = unsafe {
+        sys::cuLaunchKernel(
+            f,
+            gx,
+            gy,
+            gz,
+            BLOCK_THREADS_SM90,
+            1,
+            1,
+            smem,
+            stream as sys::CUstream,
+            kernel_args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    check(res, || {
+        format!(
+            "cuLaunchKernel({}, grid ({gx}, {gy}, {gz}), block ({BLOCK_THREADS_SM90}, 1, 1), smem {smem}) on cuda:{}",
+            config.entry_point(arch),
+            dev.ordinal
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{FLAG_DH0, FLAG_DHT, FLAG_GK, FLAG_VARLEN};
+    use crate::tensor::{DType, Device};
+    use crate::validate::tests::call;
+
+    fn outs(args: &CallArgs, nt: i64) -> Outputs {
+        let (b, t, hv, k, v) = (args.q.shape[0], args.q.shape[1], args.w.shape[2], args.q.shape[3], args.do_.shape[3]);
+        let n = args.h0.as_ref().map_or(b, |h| h.shape[0]);
+        Outputs {
+            dh: TensorMeta::contiguous(0xd000_0000, &[b, nt, hv, k, v], args.q.dtype, Device::cpu()),
+            dh0: args.h0.as_ref().map(|_| TensorMeta::contiguous(0xe000_0000, &[n, hv, k, v], DType::F32, Device::cpu())),
+            dv2: TensorMeta::contiguous(0xf000_0000, &[b, t, hv, v], args.dv.dtype, Device::cpu()),
+        }
+    }
+
+    #[test]
+    fn scalars_and_pointers_fill_the_params() {
+        let mut a = call(2, 1000, 4, 8, 64, 128, DType::BF16);
+        a.scale = Some(0.5);
+        a.h0 = Some(TensorMeta::contiguous(0x9000, &[2, 8, 64, 128], DType::F32, Device::cpu()));
+        a.dht = Some(TensorMeta::contiguous(0xa000, &[2, 8, 64, 128], DType::F32, Device::cpu()));
+        let desc = validate(&a, false).unwrap();
+        let o = outs(&a, 16);
+        let nt = validate_outputs(&desc, &o).unwrap();
+        assert_eq!(nt, 16);
+        let config = KernelConfig { k: 64, dtype: DType::BF16, flags: FLAG_GK | FLAG_DHT | FLAG_DH0, grid: [2, 8, 2] };
+        let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
+        assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
+        assert_eq!(p.scale, 0.5);
+        assert_eq!(p.flags, FLAG_GK | FLAG_DHT | FLAG_DH0);
+        assert_eq!(p.gk, a.gk.as_ref().unwrap().ptr);
+        assert_eq!(p.dht, 0xa000);
+        assert_eq!(p.g, 0);
+        assert_eq!(p.dh0, 0xe000_0000);
+        assert_eq!(p.dh, 0xd000_0000);
+        assert_eq!(p.dv2, 0xf000_0000);
+        assert_eq!((p.cu_seqlens, p.chunk_offsets), (0, 0));
+    }
+
+    #[test]
+    fn varlen_needs_chunk_offsets() {
+        let mut a = call(1, 1000, 4, 4, 128, 64, DType::BF16);
+        a.h0 = None;
+        a.dht = None;
+        a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I64, Device::cpu()));
+        let desc = validate(&a, false).unwrap();
+        let o = outs(&a, 17);
+        let config = KernelConfig { k: 128, dtype: DType::BF16, flags: FLAG_GK | FLAG_VARLEN, grid: [1, 4, 3] };
+        let e = fill_scalars(&a, &o, &desc, &config, 17).unwrap_err();
+        assert!(e.to_string().starts_with("chunk_offsets: expected a tensor with cu_seqlens"), "{e}");
+        a.chunk_offsets = Some(TensorMeta::contiguous(0x80, &[4], DType::I64, Device::cpu()));
+        let desc = validate(&a, false).unwrap();
+        let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
+        assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t), (0x40, 0x80, 17, 1000));
+    }
+
+    #[test]
+    fn smem_mirrors_the_sm90_smem_map() {
+        // SmemMap<128>::BYTES = 198304, SmemMap<64>::BYTES = 124064 (by hand from
+        // cuda/dhu_sm90.cu), + 1024 for the base alignment.
+        assert_eq!(smem_bytes_sm90(128), 198304 + 1024);
+        assert_eq!(smem_bytes_sm90(64), 124064 + 1024);
+        // 227 KB is the opt-in maximum per block on sm_90.
+        for k in [64, 128] {
+            assert!(smem_bytes_sm90(k) <= 227 * 1024);
+        }
+    }
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        // On a machine without libcuda every device path answers NoDriver.
+        if !crate::driver::driver_present() {
+            assert_eq!(device_info(0).unwrap_err(), Error::NoDriver);
+            assert_eq!(device_arch(0).unwrap_err().to_string(), "no CUDA driver (libcuda) found");
+            let (ok, msg) = cuda_status();
+            assert!(!ok);
+            assert_eq!(msg, "no CUDA driver (libcuda) found");
+            let mut a = call(1, 64, 1, 1, 64, 64, DType::BF16);
+            for t in [&mut a.q, &mut a.k, &mut a.w, &mut a.do_, &mut a.dv] {
+                t.device = Device::cuda(0);
+            }
+            a.gk = None;
+            a.h0 = None;
+            a.dht = None;
+            let o = outs(&a, 1);
+            assert_eq!(launch(&a, &o, 0).unwrap_err(), Error::NoDriver);
+        }
+    }
+}

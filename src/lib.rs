@@ -1,0 +1,227 @@
+//! kda-dhu host core: the `kda_dhu._core` extension module.
+//!
+//! The `#[pyfunction]`s below only convert arguments and delegate: DLPack intake
+//! (`tensor`), validation (`validate`), planning (`plan`), the kernel ABI (`abi`),
+//! TMA descriptors (`tma`) and the launch (`launch`) are plain Rust, tested by
+//! `cargo test` without Python or a GPU. Errors are one enum (`error::Error`), mapped
+//! to Python exceptions here, in `to_pyerr`; a panic never crosses into Python.
+
+// `x % n == 0` reads the same and builds with toolchains older than is_multiple_of.
+#![allow(clippy::manual_is_multiple_of)]
+
+pub mod abi;
+pub mod driver;
+pub mod error;
+pub mod kernels;
+pub mod launch;
+pub mod plan;
+pub mod tensor;
+pub mod tma;
+pub mod validate;
+
+use error::{Error, PyKind};
+use plan::Rule;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use tensor::TensorMeta;
+use validate::{CallArgs, Outputs};
+
+/// The one mapping from the error enum to Python exception types.
+fn to_pyerr(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e.py_kind() {
+        PyKind::TypeError => PyTypeError::new_err(msg),
+        PyKind::ValueError => PyValueError::new_err(msg),
+        PyKind::RuntimeError => PyRuntimeError::new_err(msg),
+    }
+}
+
+/// Runs `f`, turning both its errors and any panic into Python exceptions.
+fn guard<T>(f: impl FnOnce() -> error::Result<T>) -> PyResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(to_pyerr),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(to_pyerr(Error::Internal(what)))
+        }
+    }
+}
+
+/// fla's arguments, read through DLPack (the signature order of
+/// `chunk_gated_delta_rule_bwd_dhu`).
+#[allow(clippy::too_many_arguments)]
+fn call_args(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    w: &Bound<'_, PyAny>,
+    do_: &Bound<'_, PyAny>,
+    dv: &Bound<'_, PyAny>,
+    g: Option<&Bound<'_, PyAny>>,
+    gk: Option<&Bound<'_, PyAny>>,
+    h0: Option<&Bound<'_, PyAny>>,
+    dht: Option<&Bound<'_, PyAny>>,
+    scale: Option<f64>,
+    state_v_first: bool,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    chunk_size: i64,
+    chunk_offsets: Option<&Bound<'_, PyAny>>,
+) -> error::Result<CallArgs> {
+    Ok(CallArgs {
+        q: TensorMeta::from_py(q, "q")?,
+        k: TensorMeta::from_py(k, "k")?,
+        w: TensorMeta::from_py(w, "w")?,
+        do_: TensorMeta::from_py(do_, "do")?,
+        dv: TensorMeta::from_py(dv, "dv")?,
+        g: TensorMeta::from_py_opt(g, "g")?,
+        gk: TensorMeta::from_py_opt(gk, "gk")?,
+        h0: TensorMeta::from_py_opt(h0, "h0")?,
+        dht: TensorMeta::from_py_opt(dht, "dht")?,
+        scale,
+        state_v_first,
+        cu_seqlens: TensorMeta::from_py_opt(cu_seqlens, "cu_seqlens")?,
+        chunk_size,
+        // fla ignores chunk_offsets without cu_seqlens; so do we (not even read).
+        chunk_offsets: if cu_seqlens.is_some_and(|c| !c.is_none()) {
+            TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")?
+        } else {
+            None
+        },
+    })
+}
+
+/// Validates a call like fla's `chunk_gated_delta_rule_bwd_dhu` would take it, without
+/// the device check (works on CPU tensors). Raises TypeError / ValueError; returns None.
+#[pyfunction]
+#[pyo3(name = "validate", signature = (q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=false, cu_seqlens=None, chunk_size=64, chunk_offsets=None))]
+#[allow(clippy::too_many_arguments)]
+fn py_validate(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    w: &Bound<'_, PyAny>,
+    r#do: &Bound<'_, PyAny>,
+    dv: &Bound<'_, PyAny>,
+    g: Option<&Bound<'_, PyAny>>,
+    gk: Option<&Bound<'_, PyAny>>,
+    h0: Option<&Bound<'_, PyAny>>,
+    dht: Option<&Bound<'_, PyAny>>,
+    scale: Option<f64>,
+    state_v_first: bool,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    chunk_size: i64,
+    chunk_offsets: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    guard(|| {
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets)?;
+        validate::validate(&a, false).map(|_| ())
+    })
+}
+
+/// Full validation (device included) and the plan under `rule` ("b2a" or "extended"):
+/// (True, "kernel-sm90a") or (False, reason).
+#[pyfunction]
+#[pyo3(name = "plan", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=false, cu_seqlens=None, chunk_size=64, chunk_offsets=None))]
+#[allow(clippy::too_many_arguments)]
+fn py_plan(
+    rule: &str,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    w: &Bound<'_, PyAny>,
+    r#do: &Bound<'_, PyAny>,
+    dv: &Bound<'_, PyAny>,
+    g: Option<&Bound<'_, PyAny>>,
+    gk: Option<&Bound<'_, PyAny>>,
+    h0: Option<&Bound<'_, PyAny>>,
+    dht: Option<&Bound<'_, PyAny>>,
+    scale: Option<f64>,
+    state_v_first: bool,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    chunk_size: i64,
+    chunk_offsets: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(bool, String)> {
+    guard(|| {
+        let rule = Rule::parse(rule)
+            .ok_or_else(|| Error::value("rule", format!("expected 'b2a' or 'extended', got {rule:?}")))?;
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets)?;
+        let (_, p) = launch::plan_call(&a, rule)?;
+        Ok(p.describe())
+    })
+}
+
+/// Launches the kernel on `stream` (torch.cuda.current_stream(device).cuda_stream)
+/// writing dh, dh0 and dv2 (allocated by the caller). Re-validates everything; raises
+/// ValueError when the Extended plan is a fallback. Does not synchronize.
+#[pyfunction]
+#[pyo3(name = "launch", signature = (q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets, dh, dh0, dv2, stream))]
+#[allow(clippy::too_many_arguments)]
+fn py_launch(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    w: &Bound<'_, PyAny>,
+    r#do: &Bound<'_, PyAny>,
+    dv: &Bound<'_, PyAny>,
+    g: Option<&Bound<'_, PyAny>>,
+    gk: Option<&Bound<'_, PyAny>>,
+    h0: Option<&Bound<'_, PyAny>>,
+    dht: Option<&Bound<'_, PyAny>>,
+    scale: Option<f64>,
+    state_v_first: bool,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    chunk_size: i64,
+    chunk_offsets: Option<&Bound<'_, PyAny>>,
+    dh: &Bound<'_, PyAny>,
+    dh0: Option<&Bound<'_, PyAny>>,
+    dv2: &Bound<'_, PyAny>,
+    stream: u64,
+) -> PyResult<()> {
+    guard(|| {
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets)?;
+        let o = Outputs {
+            dh: TensorMeta::from_py(dh, "dh")?,
+            dh0: TensorMeta::from_py_opt(dh0, "dh0")?,
+            dv2: TensorMeta::from_py(dv2, "dv2")?,
+        };
+        launch::launch(&a, &o, stream)
+    })
+}
+
+/// (usable, description): whether libcuda loads and initializes, and the devices.
+#[pyfunction]
+fn cuda_status() -> PyResult<(bool, String)> {
+    guard(|| Ok(launch::cuda_status()))
+}
+
+/// "sm_90" for CUDA device `ordinal`.
+#[pyfunction]
+fn device_arch(ordinal: i32) -> PyResult<String> {
+    guard(|| launch::device_arch(ordinal))
+}
+
+/// nvcc version, CUTLASS path, flags and ptxas's per-kernel summary from the build.
+#[pyfunction]
+fn build_info() -> String {
+    kernels::BUILD_INFO.to_string()
+}
+
+/// [(file stem, SASS arch)] of the embedded cubins, e.g. [("dhu_sm100", "sm_100a"), ...].
+#[pyfunction]
+fn embedded_kernels() -> Vec<(String, String)> {
+    kernels::EMBEDDED.iter().map(|c| (c.stem.to_string(), c.arch.to_string())).collect()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(py_validate, m)?)?;
+    m.add_function(wrap_pyfunction!(py_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(py_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
+    m.add_function(wrap_pyfunction!(device_arch, m)?)?;
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(embedded_kernels, m)?)?;
+    m.add("MIN_CTAS_EXTENDED", plan::MIN_CTAS_EXTENDED)?;
+    m.add("MIN_CTAS_B2A", plan::MIN_CTAS_B2A)?;
+    Ok(())
+}

@@ -1,0 +1,600 @@
+//! The planner: one pure function that says "kernel" or "fallback, because ...",
+//! called by every entry point (fla's backends call the same idea a verifier).
+//!
+//! Two rules:
+//! - `Rule::B2a` is the seed's dispatcher `kda_dhu_b2a` exactly (SPEC.md), plus the
+//!   limits of the kernel (gk path, H == HV, dense, ...).
+//! - `Rule::Extended` is the full-signature entry point and the fla backend: tails,
+//!   varlen, GVA, g, gk or no gate, dht/h0 None are all kernel cases.
+
+use crate::abi::{FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_VARLEN};
+use crate::tensor::DType;
+use crate::validate::CallDesc;
+use std::fmt;
+
+/// Chunk length of every kernel (fla's BT) and the V tile of one CTA.
+pub const BT: i64 = 64;
+pub const BV: i64 = 64;
+/// The seed's floor: "serial scans need a full GPU".
+pub const MIN_CTAS_B2A: i64 = 256;
+/// The Extended rule's floor. TODO: set from measurement against fla on the H200.
+pub const MIN_CTAS_EXTENDED: i64 = 1;
+/// CUDA grid limits on gridDim.y (HV) and gridDim.z (N).
+pub const MAX_GRID_YZ: i64 = 65535;
+/// Threads per CTA of the Hopper kernel (one producer warp + one consumer warpgroup).
+pub const BLOCK_THREADS_SM90: u32 = 160;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    B2a,
+    Extended,
+}
+
+impl Rule {
+    pub fn parse(s: &str) -> Option<Rule> {
+        match s {
+            "b2a" | "B2a" | "B2A" => Some(Rule::B2a),
+            "extended" | "Extended" => Some(Rule::Extended),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    Sm90,
+    Sm100,
+}
+
+impl Arch {
+    /// The arch-specific ('a') SASS runs on exactly one compute capability.
+    pub fn from_cc(major: i32, minor: i32) -> Option<Arch> {
+        match (major, minor) {
+            (9, 0) => Some(Arch::Sm90),
+            (10, 0) => Some(Arch::Sm100),
+            _ => None,
+        }
+    }
+
+    /// The SASS target name, as build.rs tags the embedded cubins.
+    pub fn sass(self) -> &'static str {
+        match self {
+            Arch::Sm90 => "sm_90a",
+            Arch::Sm100 => "sm_100a",
+        }
+    }
+
+    /// The plan's name for it: "kernel-sm90a".
+    pub fn label(self) -> &'static str {
+        match self {
+            Arch::Sm90 => "kernel-sm90a",
+            Arch::Sm100 => "kernel-sm100a",
+        }
+    }
+
+    /// The stem of the cuda/ file that holds its kernels.
+    pub fn stem(self) -> &'static str {
+        match self {
+            Arch::Sm90 => "dhu_sm90",
+            Arch::Sm100 => "dhu_sm100",
+        }
+    }
+}
+
+/// What the planner knows about the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub cc_major: i32,
+    pub cc_minor: i32,
+    pub sm_count: i32,
+}
+
+impl DeviceInfo {
+    pub fn sm_name(&self) -> String {
+        format!("sm_{}{}", self.cc_major, self.cc_minor)
+    }
+}
+
+/// Which compiled kernel runs and with which flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelConfig {
+    /// 64 or 128.
+    pub k: u32,
+    /// BF16 or F16: the dtype of q, k, w, do, dv, dh, dv2.
+    pub dtype: DType,
+    /// DhuFlags of dhu_params.h.
+    pub flags: u32,
+    /// (V/64, HV, N).
+    pub grid: [u32; 3],
+}
+
+impl KernelConfig {
+    /// The kernel's extern "C" name, e.g. `kda_dhu_sm90_k128_bf16`.
+    pub fn entry_point(&self, arch: Arch) -> &'static str {
+        let bf16 = self.dtype == DType::BF16;
+        match (arch, self.k, bf16) {
+            (Arch::Sm90, 64, true) => "kda_dhu_sm90_k64_bf16",
+            (Arch::Sm90, 64, false) => "kda_dhu_sm90_k64_fp16",
+            (Arch::Sm90, _, true) => "kda_dhu_sm90_k128_bf16",
+            (Arch::Sm90, _, false) => "kda_dhu_sm90_k128_fp16",
+            (Arch::Sm100, 64, true) => "kda_dhu_sm100_k64_bf16",
+            (Arch::Sm100, 64, false) => "kda_dhu_sm100_k64_fp16",
+            (Arch::Sm100, _, true) => "kda_dhu_sm100_k128_bf16",
+            (Arch::Sm100, _, false) => "kda_dhu_sm100_k128_fp16",
+        }
+    }
+
+    /// Index into a per-arch table of the four entry points (k64/k128 × bf16/fp16).
+    pub fn slot(&self) -> usize {
+        (if self.k == 64 { 0 } else { 2 }) + usize::from(self.dtype != DType::BF16)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    Kernel { arch: Arch, config: KernelConfig },
+    Fallback { reason: String },
+}
+
+impl Plan {
+    pub fn is_kernel(&self) -> bool {
+        matches!(self, Plan::Kernel { .. })
+    }
+
+    /// ("kernel-sm90a", true) or (the fallback reason, false).
+    pub fn describe(&self) -> (bool, String) {
+        match self {
+            Plan::Kernel { arch, .. } => (true, arch.label().to_string()),
+            Plan::Fallback { reason } => (false, reason.clone()),
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe().1)
+    }
+}
+
+/// The first failing clause's reason, in rule order.
+fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String> {
+    let d = &desc.dims;
+    let dtype = desc.qk_dtype;
+    let chunk_clause = || (desc.chunk_size != BT).then(|| format!("chunk_size != 64 (chunk_size={})", desc.chunk_size));
+    let k_clause = || (d.k != 64 && d.k != 128).then(|| format!("K not in {{64, 128}} (K={})", d.k));
+    let v_clause = || (d.v % BV != 0).then(|| format!("V % 64 != 0 (V={})", d.v));
+    let dtype_clause =
+        || (!dtype.is_half16()).then(|| format!("dtype not in {{bfloat16, float16}} (q is {dtype})"));
+    let same_dtype_clause = || {
+        (desc.dv_dtype != dtype).then(|| format!("dtypes differ (q, k, w are {dtype}; do, dv are {})", desc.dv_dtype))
+    };
+    let svf_clause = || desc.state_v_first.then(|| "state_v_first=True (the kernels store [K, V] states)".to_string());
+    let grid_clause = || {
+        if d.hv > MAX_GRID_YZ {
+            Some(format!("HV = {} > {MAX_GRID_YZ} (grid y limit)", d.hv))
+        } else if d.n > MAX_GRID_YZ {
+            Some(format!("N = {} sequences > {MAX_GRID_YZ} (grid z limit)", d.n))
+        } else {
+            None
+        }
+    };
+
+    let clauses: Vec<Option<String>> = match rule {
+        Rule::B2a => {
+            let ctas = d.b * d.hv * (d.v / BV);
+            vec![
+                // The seed's dispatcher, in its order.
+                chunk_clause(),
+                (d.t % BT != 0).then(|| format!("T % 64 != 0 (T={})", d.t)),
+                k_clause(),
+                v_clause(),
+                dtype_clause(),
+                (!desc.has_dht).then(|| "dht is None".to_string()),
+                (ctas < MIN_CTAS_B2A).then(|| format!("B*HV*(V/64) = {ctas} < {MIN_CTAS_B2A} CTAs")),
+                // The limits of the seed's kernel (KDA: gk path, H == HV, dense).
+                (!desc.has_gk).then(|| "gk is None (the B2a kernel is the gk path)".to_string()),
+                desc.has_g.then(|| "g is given (the B2a kernel is the gk path)".to_string()),
+                (d.h != d.hv).then(|| format!("H != HV (H={}, HV={})", d.h, d.hv)),
+                desc.varlen().then(|| "cu_seqlens is given".to_string()),
+                svf_clause(),
+                same_dtype_clause(),
+                grid_clause(),
+            ]
+        }
+        Rule::Extended => {
+            let ctas = d.n * d.hv * (d.v / BV);
+            let index_clause = || {
+                if desc.cu_seqlens == Some(DType::I32) {
+                    Some("cu_seqlens is int32 (the kernel reads int64)".to_string())
+                } else if desc.chunk_offsets == Some(DType::I32) {
+                    Some("chunk_offsets is int32 (the kernel reads int64)".to_string())
+                } else {
+                    None
+                }
+            };
+            vec![
+                chunk_clause(),
+                k_clause(),
+                v_clause(),
+                dtype_clause(),
+                same_dtype_clause(),
+                (desc.has_g && desc.has_gk).then(|| "both g and gk are given".to_string()),
+                svf_clause(),
+                index_clause(),
+                grid_clause(),
+                (ctas < MIN_CTAS_EXTENDED).then(|| format!("N*HV*(V/64) = {ctas} < {MIN_CTAS_EXTENDED} CTAs")),
+            ]
+        }
+    };
+    if let Some(reason) = clauses.into_iter().flatten().next() {
+        return Some(reason);
+    }
+    // Layouts: fla copies non-contiguous input, so these are fallbacks, not errors.
+    for l in &desc.layouts {
+        if !l.contiguous {
+            return Some(format!("{} is not contiguous", l.name));
+        }
+        if l.needs_align16 && !l.aligned16 {
+            return Some(format!("{} is not 16-byte aligned", l.name));
+        }
+    }
+    match Arch::from_cc(dev.cc_major, dev.cc_minor) {
+        Some(Arch::Sm90) => None,
+        _ => Some(format!("no kernel for {}", dev.sm_name())),
+    }
+}
+
+/// Kernel or fallback for a validated call on a device.
+pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
+    if let Some(reason) = first_failure(desc, dev, rule) {
+        return Plan::Fallback { reason };
+    }
+    let d = &desc.dims;
+    let mut flags = 0;
+    if desc.has_g {
+        flags |= FLAG_G;
+    }
+    if desc.has_gk {
+        flags |= FLAG_GK;
+    }
+    if desc.has_dht {
+        flags |= FLAG_DHT;
+    }
+    if desc.has_h0 {
+        flags |= FLAG_DH0;
+    }
+    if desc.varlen() {
+        flags |= FLAG_VARLEN;
+    }
+    Plan::Kernel {
+        arch: Arch::Sm90,
+        config: KernelConfig {
+            k: d.k as u32,
+            dtype: desc.qk_dtype,
+            flags,
+            grid: [(d.v / BV) as u32, d.hv as u32, d.n as u32],
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::{Dims, TensorLayout};
+
+    const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+
+    /// B=4, T=256, H=HV=32, K=V=128, bf16, gk, dht, h0: 4*32*2 = 256 CTAs, a B2a kernel case.
+    fn base() -> CallDesc {
+        let names = ["q", "k", "w", "do", "dv", "gk", "h0", "dht"];
+        CallDesc {
+            dims: Dims { b: 4, t: 256, h: 32, hv: 32, k: 128, v: 128, n: 4 },
+            qk_dtype: DType::BF16,
+            dv_dtype: DType::BF16,
+            has_g: false,
+            has_gk: true,
+            has_h0: true,
+            has_dht: true,
+            cu_seqlens: None,
+            chunk_offsets: None,
+            state_v_first: false,
+            scale: 128f64.powf(-0.5),
+            chunk_size: 64,
+            layouts: names
+                .iter()
+                .map(|&name| TensorLayout {
+                    name,
+                    contiguous: true,
+                    aligned16: true,
+                    needs_align16: !matches!(name, "h0"),
+                })
+                .collect(),
+            device: Some(0),
+        }
+    }
+
+    fn reason(p: Plan) -> String {
+        match p {
+            Plan::Fallback { reason } => reason,
+            Plan::Kernel { .. } => panic!("expected a fallback"),
+        }
+    }
+
+    fn set_layout(d: &mut CallDesc, name: &str, contiguous: bool, aligned16: bool) {
+        let l = d.layouts.iter_mut().find(|l| l.name == name).unwrap();
+        l.contiguous = contiguous;
+        l.aligned16 = aligned16;
+    }
+
+    /// Packed sequences at B = 1, with HV = 128 so that B*HV*(V/64) still reaches 256
+    /// (the B2a reason is then the varlen clause itself).
+    fn varlen(d: &mut CallDesc, n: i64) {
+        d.dims.n = n;
+        d.dims.b = 1;
+        d.dims.h = 128;
+        d.dims.hv = 128;
+        d.cu_seqlens = Some(DType::I64);
+        d.chunk_offsets = Some(DType::I64);
+        for name in ["cu_seqlens", "chunk_offsets"] {
+            d.layouts.push(TensorLayout { name, contiguous: true, aligned16: true, needs_align16: false });
+        }
+    }
+
+    type Mutation = fn(&mut CallDesc);
+
+    /// Each clause on its failing side: (what, mutation, B2a's reason, Extended's
+    /// reason or None when Extended takes the kernel).
+    fn clauses() -> Vec<(&'static str, Mutation, &'static str, Option<&'static str>)> {
+        vec![
+            ("chunk_size", |d| d.chunk_size = 32, "chunk_size != 64 (chunk_size=32)", Some("chunk_size != 64 (chunk_size=32)")),
+            ("tail", |d| d.dims.t = 1000, "T % 64 != 0 (T=1000)", None),
+            ("K=256", |d| d.dims.k = 256, "K not in {64, 128} (K=256)", Some("K not in {64, 128} (K=256)")),
+            ("K=96", |d| d.dims.k = 96, "K not in {64, 128} (K=96)", Some("K not in {64, 128} (K=96)")),
+            ("V=96", |d| d.dims.v = 96, "V % 64 != 0 (V=96)", Some("V % 64 != 0 (V=96)")),
+            (
+                "fp32",
+                |d| {
+                    d.qk_dtype = DType::F32;
+                    d.dv_dtype = DType::F32
+                },
+                "dtype not in {bfloat16, float16} (q is float32)",
+                Some("dtype not in {bfloat16, float16} (q is float32)"),
+            ),
+            ("no dht", |d| d.has_dht = false, "dht is None", None),
+            (
+                "few CTAs",
+                |d| {
+                    d.dims.b = 1;
+                    d.dims.n = 1
+                },
+                "B*HV*(V/64) = 64 < 256 CTAs",
+                None,
+            ),
+            ("no gate", |d| d.has_gk = false, "gk is None (the B2a kernel is the gk path)", None),
+            (
+                "g instead of gk",
+                |d| {
+                    d.has_gk = false;
+                    d.has_g = true
+                },
+                "gk is None (the B2a kernel is the gk path)",
+                None,
+            ),
+            ("g and gk", |d| d.has_g = true, "g is given (the B2a kernel is the gk path)", Some("both g and gk are given")),
+            (
+                "GVA",
+                |d| {
+                    d.dims.h = 16;
+                },
+                "H != HV (H=16, HV=32)",
+                None,
+            ),
+            ("varlen", |d| varlen(d, 8), "cu_seqlens is given", None),
+            (
+                "varlen int32",
+                |d| {
+                    varlen(d, 8);
+                    d.cu_seqlens = Some(DType::I32)
+                },
+                "cu_seqlens is given",
+                Some("cu_seqlens is int32 (the kernel reads int64)"),
+            ),
+            (
+                "chunk_offsets int32",
+                |d| {
+                    varlen(d, 8);
+                    d.chunk_offsets = Some(DType::I32)
+                },
+                "cu_seqlens is given",
+                Some("chunk_offsets is int32 (the kernel reads int64)"),
+            ),
+            (
+                "state_v_first",
+                |d| d.state_v_first = true,
+                "state_v_first=True (the kernels store [K, V] states)",
+                Some("state_v_first=True (the kernels store [K, V] states)"),
+            ),
+            (
+                "do fp16",
+                |d| d.dv_dtype = DType::F16,
+                "dtypes differ (q, k, w are bfloat16; do, dv are float16)",
+                Some("dtypes differ (q, k, w are bfloat16; do, dv are float16)"),
+            ),
+            (
+                "do fp32",
+                |d| d.dv_dtype = DType::F32,
+                "dtypes differ (q, k, w are bfloat16; do, dv are float32)",
+                Some("dtypes differ (q, k, w are bfloat16; do, dv are float32)"),
+            ),
+            ("w strided", |d| set_layout(d, "w", false, true), "w is not contiguous", Some("w is not contiguous")),
+            ("q strided", |d| set_layout(d, "q", false, true), "q is not contiguous", Some("q is not contiguous")),
+            ("dv misaligned", |d| set_layout(d, "dv", true, false), "dv is not 16-byte aligned", Some("dv is not 16-byte aligned")),
+            ("gk misaligned", |d| set_layout(d, "gk", true, false), "gk is not 16-byte aligned", Some("gk is not 16-byte aligned")),
+            ("dht misaligned", |d| set_layout(d, "dht", true, false), "dht is not 16-byte aligned", Some("dht is not 16-byte aligned")),
+            ("h0 strided", |d| set_layout(d, "h0", false, true), "h0 is not contiguous", Some("h0 is not contiguous")),
+            // h0 is never read: its alignment does not matter.
+            ("h0 misaligned", |d| set_layout(d, "h0", true, false), "", None),
+            (
+                "HV too large",
+                |d| {
+                    d.dims.hv = 65536 * 2;
+                    d.dims.h = d.dims.hv
+                },
+                "HV = 131072 > 65535 (grid y limit)",
+                Some("HV = 131072 > 65535 (grid y limit)"),
+            ),
+            ("N too large", |d| varlen(d, 70000), "cu_seqlens is given", Some("N = 70000 sequences > 65535 (grid z limit)")),
+        ]
+    }
+
+    #[test]
+    fn base_case_is_a_kernel_under_both_rules() {
+        for rule in [Rule::B2a, Rule::Extended] {
+            let p = plan(&base(), &H200, rule);
+            assert_eq!(p.describe(), (true, "kernel-sm90a".to_string()), "{rule:?}");
+            let Plan::Kernel { arch, config } = p else { unreachable!() };
+            assert_eq!(arch, Arch::Sm90);
+            assert_eq!(config.grid, [2, 32, 4]);
+            assert_eq!(config.k, 128);
+            assert_eq!(config.flags, FLAG_GK | FLAG_DHT | FLAG_DH0);
+            assert_eq!(config.entry_point(arch), "kda_dhu_sm90_k128_bf16");
+        }
+    }
+
+    #[test]
+    fn every_clause_both_sides_both_rules() {
+        for (what, mutate, b2a, extended) in clauses() {
+            let mut d = base();
+            mutate(&mut d);
+            let p = plan(&d, &H200, Rule::B2a);
+            if b2a.is_empty() {
+                assert!(p.is_kernel(), "B2a {what}: {p}");
+            } else {
+                assert_eq!(reason(p), b2a, "B2a {what}");
+            }
+            let p = plan(&d, &H200, Rule::Extended);
+            match extended {
+                None => assert!(p.is_kernel(), "Extended {what}: {p}"),
+                Some(r) => assert_eq!(reason(p), r, "Extended {what}"),
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_side_of_each_b2a_clause() {
+        // Passing values of the seed's clauses besides the base ones.
+        let cases: Vec<(&str, Mutation)> = vec![
+            ("K=64", |d| d.dims.k = 64),
+            ("V=64, B=8", |d| {
+                d.dims.v = 64;
+                d.dims.b = 8;
+                d.dims.n = 8
+            }),
+            ("V=256, B=2", |d| {
+                d.dims.v = 256;
+                d.dims.b = 2;
+                d.dims.n = 2
+            }),
+            ("fp16", |d| {
+                d.qk_dtype = DType::F16;
+                d.dv_dtype = DType::F16
+            }),
+            ("T=64", |d| d.dims.t = 64),
+            ("no h0", |d| d.has_h0 = false),
+            ("exactly 256 CTAs", |d| {
+                d.dims.hv = 64;
+                d.dims.h = 64;
+                d.dims.b = 2;
+                d.dims.n = 2
+            }),
+        ];
+        for (what, mutate) in cases {
+            let mut d = base();
+            mutate(&mut d);
+            for rule in [Rule::B2a, Rule::Extended] {
+                assert!(plan(&d, &H200, rule).is_kernel(), "{rule:?} {what}");
+            }
+        }
+        let mut d = base();
+        d.dims.hv = 63;
+        d.dims.h = 63;
+        d.dims.b = 2;
+        d.dims.n = 2;
+        assert_eq!(reason(plan(&d, &H200, Rule::B2a)), "B*HV*(V/64) = 252 < 256 CTAs");
+    }
+
+    #[test]
+    fn extended_covers_the_training_cases() {
+        // Qwen3-Next style GVA, varlen, tail, scalar gate, no dht/h0: one call.
+        let mut d = base();
+        varlen(&mut d, 64);
+        d.dims.t = 65536 + 17;
+        d.dims.h = 16;
+        d.has_gk = false;
+        d.has_g = true;
+        d.has_dht = false;
+        d.has_h0 = false;
+        let Plan::Kernel { config, .. } = plan(&d, &H200, Rule::Extended) else { panic!() };
+        assert_eq!(config.flags, FLAG_G | FLAG_VARLEN);
+        assert_eq!(config.grid, [2, 128, 64]);
+        // No gate at all (delta rule).
+        let mut d = base();
+        d.has_gk = false;
+        let Plan::Kernel { config, .. } = plan(&d, &H200, Rule::Extended) else { panic!() };
+        assert_eq!(config.flags, FLAG_DHT | FLAG_DH0);
+        // A single CTA is still a kernel (MIN_CTAS_EXTENDED = 1).
+        let mut d = base();
+        d.dims = Dims { b: 1, t: 64, h: 1, hv: 1, k: 64, v: 64, n: 1 };
+        assert!(plan(&d, &H200, Rule::Extended).is_kernel());
+    }
+
+    #[test]
+    fn only_hopper_has_a_kernel_for_now() {
+        for (cc, sm) in [((10, 0), "sm_100"), ((8, 0), "sm_80"), ((8, 9), "sm_89"), ((12, 0), "sm_120"), ((10, 3), "sm_103")] {
+            let dev = DeviceInfo { cc_major: cc.0, cc_minor: cc.1, sm_count: 100 };
+            for rule in [Rule::B2a, Rule::Extended] {
+                assert_eq!(reason(plan(&base(), &dev, rule)), format!("no kernel for {sm}"));
+            }
+        }
+        assert_eq!(Arch::from_cc(10, 0), Some(Arch::Sm100));
+        assert_eq!(Arch::from_cc(9, 0), Some(Arch::Sm90));
+        assert_eq!(Arch::from_cc(8, 6), None);
+    }
+
+    #[test]
+    fn seed_clauses_are_reported_before_kernel_limits() {
+        // T % 64 and no gk both fail: the seed's clause is named first.
+        let mut d = base();
+        d.dims.t = 100;
+        d.has_gk = false;
+        assert_eq!(reason(plan(&d, &H200, Rule::B2a)), "T % 64 != 0 (T=100)");
+        // Device is the last clause.
+        let dev = DeviceInfo { cc_major: 8, cc_minor: 0, sm_count: 108 };
+        assert_eq!(reason(plan(&d, &dev, Rule::B2a)), "T % 64 != 0 (T=100)");
+    }
+
+    #[test]
+    fn entry_points_and_slots() {
+        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1] };
+        let mut seen = Vec::new();
+        for k in [64, 128] {
+            for dt in [DType::BF16, DType::F16] {
+                c.k = k;
+                c.dtype = dt;
+                seen.push((c.slot(), c.entry_point(Arch::Sm90)));
+            }
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (0, "kda_dhu_sm90_k64_bf16"),
+                (1, "kda_dhu_sm90_k64_fp16"),
+                (2, "kda_dhu_sm90_k128_bf16"),
+                (3, "kda_dhu_sm90_k128_fp16")
+            ]
+        );
+        assert_eq!(Rule::parse("b2a"), Some(Rule::B2a));
+        assert_eq!(Rule::parse("extended"), Some(Rule::Extended));
+        assert_eq!(Rule::parse("x"), None);
+    }
+}
