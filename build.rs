@@ -9,8 +9,9 @@
 //!                              pulled in by src/kernels.rs
 //!
 //! nvcc is found through NVCC, CUDA_HOME / CUDA_PATH, PATH, then the PyPI wheel
-//! `nvidia-cuda-nvcc` (13.0) of the Python maturin builds for (PYO3_PYTHON). The
-//! CUTLASS/CuTe headers come from CUTLASS_DIR or the `nvidia-cutlass` wheel.
+//! `nvidia-cuda-nvcc` (13.0) of the Python maturin builds for (PYO3_PYTHON), an
+//! activated env, or the env maturin runs from (`python_candidates`). The CUTLASS/CuTe
+//! headers come from CUTLASS_DIR or the `nvidia-cutlass` wheel of the same Pythons.
 
 use std::env;
 use std::fmt::Write as _;
@@ -75,7 +76,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     // A directory: cargo rescans everything under it (new, edited, removed files).
     println!("cargo:rerun-if-changed={}", cuda_dir.display());
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "CUTLASS_DIR", "PYO3_PYTHON"] {
+    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "CUTLASS_DIR", "PYO3_PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
@@ -158,19 +159,99 @@ fn env_path(var: &str) -> Option<PathBuf> {
     env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
-/// The interpreter maturin builds for (it sets PYO3_PYTHON), else python3.
-fn python() -> PathBuf {
-    env_path("PYO3_PYTHON").unwrap_or_else(|| PathBuf::from("python3"))
+/// Pythons whose site-packages may hold the nvcc / CUTLASS wheels, in order: the one
+/// maturin builds for (PYO3_PYTHON; pip's isolated build env under `pip install .`),
+/// an activated venv / conda env, the environment maturin itself runs from (a plain
+/// `/path/to/venv/bin/maturin build` picks the first python3 on PATH, not that venv),
+/// then python3.
+fn python_candidates() -> Vec<PathBuf> {
+    let mut c: Vec<PathBuf> = Vec::new();
+    if let Some(p) = env_path("PYO3_PYTHON") {
+        c.push(p);
+    }
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(prefix) = env_path(var) {
+            c.push(prefix.join("bin").join("python"));
+        }
+    }
+    c.extend(ancestor_env_pythons());
+    c.push(PathBuf::from("python3"));
+    let mut seen = Vec::new();
+    c.retain(|p| {
+        let keep = !seen.contains(p);
+        seen.push(p.clone());
+        keep
+    });
+    c
+}
+
+/// `<dir>/python` for every ancestor process whose executable sits in a directory
+/// that has one (maturin installed in a venv: /venv/bin/maturin -> /venv/bin/python).
+/// Linux /proc only; elsewhere nothing. The path is not canonicalized: a venv's
+/// bin/python is a symlink whose own path selects the venv.
+#[cfg(target_os = "linux")]
+fn ancestor_env_pythons() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut pid = std::os::unix::process::parent_id();
+    for _ in 0..8 {
+        if pid <= 1 {
+            break;
+        }
+        if let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) {
+            if let Some(dir) = exe.parent() {
+                for name in ["python", "python3"] {
+                    let p = dir.join(name);
+                    if p.is_file() && !dir.starts_with("/usr") && !dir.starts_with("/bin") {
+                        out.push(p);
+                        break;
+                    }
+                }
+            }
+        }
+        // /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may contain spaces.
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { break };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { break };
+        match rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            Some(ppid) => pid = ppid,
+            None => break,
+        }
+    }
+    out
+}
+
+#[cfg(not(target_os = "linux"))]
+fn ancestor_env_pythons() -> Vec<PathBuf> {
+    Vec::new()
 }
 
 /// Runs `python -c code` and returns its stdout's lines, or None if it fails.
-fn python_lines(code: &str) -> Option<Vec<String>> {
-    let out = Command::new(python()).arg("-c").arg(code).output().ok()?;
+fn python_lines(python: &Path, code: &str) -> Option<Vec<String>> {
+    let out = Command::new(python).arg("-c").arg(code).output().ok()?;
     if !out.status.success() {
         return None;
     }
     let text = String::from_utf8(out.stdout).ok()?;
     Some(text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+}
+
+/// The first `<line>/<rel>` that `pick` accepts, over every candidate Python's output.
+fn from_python_wheels(code: &str, rel: &[&str], pick: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    for py in python_candidates() {
+        for line in python_lines(&py, code).unwrap_or_default() {
+            let mut p = PathBuf::from(line);
+            for part in rel {
+                p.push(part);
+            }
+            if pick(&p) {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+fn pythons_tried() -> String {
+    python_candidates().iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
 }
 
 fn find_nvcc() -> PathBuf {
@@ -201,17 +282,12 @@ fn find_nvcc() -> PathBuf {
     // nvcc.profile points at the wheel's own include/ and nvvm/). `__path__` also
     // covers a namespace package, which has no __file__.
     let code = "import nvidia.cu13 as m\nfor p in m.__path__: print(p)";
-    if let Some(dirs) = python_lines(code) {
-        for d in dirs {
-            let p = Path::new(&d).join("bin").join("nvcc");
-            if p.is_file() {
-                return p;
-            }
-        }
+    if let Some(p) = from_python_wheels(code, &["bin", "nvcc"], |p| p.is_file()) {
+        return p;
     }
     panic!(
-        "no nvcc found (looked at NVCC, CUDA_HOME, CUDA_PATH, PATH, and the nvidia.cu13 wheel of {}); {NVCC_HELP}",
-        python().display()
+        "no nvcc found (looked at NVCC, CUDA_HOME, CUDA_PATH, PATH, and the nvidia.cu13 wheel of: {}); {NVCC_HELP}",
+        pythons_tried()
     );
 }
 
@@ -225,17 +301,12 @@ fn find_cutlass_include() -> PathBuf {
         panic!("CUTLASS_DIR={} has no include/cute/tensor.hpp; {CUTLASS_HELP}", dir.display());
     }
     let code = "import cutlass_library, os\nprint(os.path.dirname(cutlass_library.__file__))";
-    if let Some(lines) = python_lines(code) {
-        if let Some(d) = lines.first() {
-            let inc = Path::new(d).join("source").join("include");
-            if looks_right(&inc) {
-                return inc;
-            }
-        }
+    if let Some(inc) = from_python_wheels(code, &["source", "include"], looks_right) {
+        return inc;
     }
     panic!(
-        "no CUTLASS/CuTe headers found (looked at CUTLASS_DIR and the cutlass_library wheel of {}); {CUTLASS_HELP}",
-        python().display()
+        "no CUTLASS/CuTe headers found (looked at CUTLASS_DIR and the cutlass_library wheel of: {}); {CUTLASS_HELP}",
+        pythons_tried()
     );
 }
 

@@ -1,0 +1,126 @@
+"""kda_dhu._core: the Rust host core (src/), built by maturin.
+
+Tensors are read through DLPack (``__dlpack__``; torch, JAX, CuPy ...); a torch
+tensor that requires grad is read through ``.detach()``. torch only exports a CUDA
+tensor on its *current* device: call these inside ``torch.cuda.device(q.device)``.
+
+Errors: TypeError for a non-tensor or a wrong dtype; ValueError for shapes, strides,
+alignment, devices, scalar values, and for ``launch`` on a call the kernel does not
+cover; RuntimeError for CUDA driver failures (including "no CUDA driver (libcuda)
+found"). Every message names the argument and what was expected.
+"""
+
+from typing import Any, List, Optional, Tuple
+
+Tensor = Any  # any object with __dlpack__
+
+MIN_CTAS_EXTENDED: int
+"""CTA floor of the Extended rule (N*HV*(V/64)); 1 until set from measurement."""
+MIN_CTAS_B2A: int
+"""CTA floor of the seed's rule (B*HV*(V/64) >= 256)."""
+
+def validate(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Optional[Tensor] = None,
+    gk: Optional[Tensor] = None,
+    h0: Optional[Tensor] = None,
+    dht: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    chunk_size: int = 64,
+    chunk_offsets: Optional[Tensor] = None,
+) -> None:
+    """Raise if fla's ``chunk_gated_delta_rule_bwd_dhu`` could not take these arguments.
+
+    Everything but the device is checked, so CPU tensors work (tests). Shapes (SPEC.md):
+    q, k [B, T, H, K] (T >= 1, K <= 256); w [B, T, HV, K] with H dividing HV; do, dv
+    [B, T, HV, V]; g [B, T, HV] fp32; gk [B, T, HV, K] fp32; h0 (any float dtype) and
+    dht (fp32) [N, HV, K, V] ([N, HV, V, K] with state_v_first); cu_seqlens int64/int32
+    [N + 1] with B == 1; chunk_offsets int64/int32 [N] or [N + 1] (read only with
+    cu_seqlens). q, k, w share a dtype in {bf16, fp16, fp32}; so do do, dv. No negative
+    strides; scale finite (None means K ** -0.5); chunk_size >= 1.
+    """
+
+def plan(
+    rule: str,
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Optional[Tensor] = None,
+    gk: Optional[Tensor] = None,
+    h0: Optional[Tensor] = None,
+    dht: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    chunk_size: int = 64,
+    chunk_offsets: Optional[Tensor] = None,
+) -> Tuple[bool, str]:
+    """Kernel or fallback for this call under ``rule``: ``(True, "kernel-sm90a")`` or
+    ``(False, reason)``.
+
+    rule "b2a": the seed's dispatcher exactly (chunk_size 64, T % 64 == 0, K in {64, 128},
+    V % 64 == 0, bf16/fp16, dht given, B*HV*(V/64) >= 256) plus the seed kernel's limits
+    (gk path, H == HV, no cu_seqlens). rule "extended": tails, varlen, GVA, g / gk / no
+    gate, dht and h0 optional. Both: one 16-bit dtype throughout, not state_v_first,
+    contiguous 16-byte aligned tensors, an sm_90 device.
+
+    Validates fully first (as ``validate``, plus: every tensor on one CUDA device), so it
+    raises where ``validate`` would, and RuntimeError without a CUDA driver.
+    """
+
+def launch(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Optional[Tensor],
+    gk: Optional[Tensor],
+    h0: Optional[Tensor],
+    dht: Optional[Tensor],
+    scale: Optional[float],
+    state_v_first: bool,
+    cu_seqlens: Optional[Tensor],
+    chunk_size: int,
+    chunk_offsets: Optional[Tensor],
+    dh: Tensor,
+    dh0: Optional[Tensor],
+    dv2: Tensor,
+    stream: int,
+) -> None:
+    """Launch the kernel writing dh, dh0 and dv2; asynchronous, on ``stream``.
+
+    The inputs are fla's arguments (as ``validate``); the outputs are allocated by the
+    caller, contiguous, 16-byte aligned, on q's device: dh [B, NT, HV, K, V] in q's
+    dtype (NT = ceil(T / 64), or with cu_seqlens the total chunk count of all
+    sequences), dh0 [N, HV, K, V] fp32 iff h0 is given (else None), dv2 like dv.
+    With cu_seqlens, chunk_offsets (int64, the first chunk of each sequence; fla's
+    prepare_chunk_offsets) is required. ``stream`` is a CUstream as an int, e.g.
+    ``torch.cuda.current_stream(device).cuda_stream`` (0: the legacy default stream).
+
+    Re-validates everything; ValueError naming the reason when ``plan("extended", ...)``
+    would say fallback. Does not synchronize.
+    """
+
+def cuda_status() -> Tuple[bool, str]:
+    """(usable, message): whether libcuda loads and initializes, its version and devices.
+    Creates no context. Without a driver: (False, "no CUDA driver (libcuda) found")."""
+
+def device_arch(ordinal: int) -> str:
+    """Compute capability of CUDA device ``ordinal`` as "sm_90", "sm_100", ...
+    RuntimeError without a driver; ValueError for an ordinal out of range."""
+
+def build_info() -> str:
+    """How the extension was built: nvcc path and version, CUTLASS include path, nvcc
+    flags, and ptxas's per-kernel line (registers, static smem, stack frame)."""
+
+def embedded_kernels() -> List[Tuple[str, str]]:
+    """The embedded cubins as (cuda/ file stem, SASS arch), e.g. ("dhu_sm90", "sm_90a")."""
