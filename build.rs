@@ -20,6 +20,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+// Shared with the crate's tests (src/lib.rs), which check it on real ptxas output.
+#[path = "src/ptxas.rs"]
+mod ptxas;
+use ptxas::{parse_ptxas, FuncReport};
+
 const NVCC_HELP: &str = "install the CUDA 13.0 compiler wheels into the Python you build with \
 (`pip install nvidia-cuda-nvcc==13.0.* nvidia-cuda-crt==13.0.* nvidia-nvvm==13.0.* \
 nvidia-cuda-runtime==13.0.* nvidia-cuda-cccl==13.0.*`; `pip install .` does this by itself), \
@@ -48,18 +53,6 @@ struct Job {
     arch: &'static str,
     /// nvcc -gencode value.
     gencode: &'static str,
-}
-
-/// One kernel's line in ptxas's report.
-#[derive(Debug, Default, Clone)]
-struct FuncReport {
-    name: String,
-    entry: bool,
-    registers: Option<u64>,
-    smem: Option<u64>,
-    stack: Option<u64>,
-    spill_stores: u64,
-    spill_loads: u64,
 }
 
 struct Compiled {
@@ -400,64 +393,6 @@ fn compile_one(
         ));
     }
     Ok(Compiled { job_index: index, cubin, funcs: parse_ptxas(&stderr) })
-}
-
-/// Reads ptxas's `-v` report:
-///   ptxas info    : Compiling entry function 'NAME' for 'sm_90a'
-///   ptxas info    : Function properties for NAME
-///       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-///   ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, ...
-/// "Function properties" also appears for non-inlined device functions: their
-/// spills count too.
-fn parse_ptxas(report: &str) -> Vec<FuncReport> {
-    let mut funcs: Vec<FuncReport> = Vec::new();
-    let mut current: Option<usize> = None;
-    let mut current_entry: Option<usize> = None;
-    let index_of = |funcs: &mut Vec<FuncReport>, name: &str| -> usize {
-        if let Some(i) = funcs.iter().position(|f| f.name == name) {
-            i
-        } else {
-            funcs.push(FuncReport { name: name.to_string(), ..Default::default() });
-            funcs.len() - 1
-        }
-    };
-    for line in report.lines() {
-        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-            let name = rest.split('\'').next().unwrap_or("");
-            let i = index_of(&mut funcs, name);
-            funcs[i].entry = true;
-            current_entry = Some(i);
-        } else if let Some(rest) = line.split("Function properties for ").nth(1) {
-            let i = index_of(&mut funcs, rest.trim());
-            current = Some(i);
-        } else if line.contains("bytes stack frame") {
-            if let Some(i) = current {
-                let f = &mut funcs[i];
-                f.stack = number_before(line, " bytes stack frame");
-                f.spill_stores = number_before(line, " bytes spill stores").unwrap_or(0);
-                f.spill_loads = number_before(line, " bytes spill loads").unwrap_or(0);
-            }
-        } else if line.contains("Used ") && line.contains(" registers") {
-            if let Some(i) = current_entry {
-                let f = &mut funcs[i];
-                f.registers = line
-                    .split("Used ")
-                    .nth(1)
-                    .and_then(|r| r.split_whitespace().next())
-                    .and_then(|n| n.parse().ok());
-                f.smem = number_before(line, " bytes smem");
-            }
-        }
-    }
-    funcs
-}
-
-/// The integer just before `suffix` in `line` ("..., 24 bytes spill stores" → 24).
-fn number_before(line: &str, suffix: &str) -> Option<u64> {
-    let end = line.find(suffix)?;
-    let head = &line[..end];
-    let start = head.rfind(|c: char| !c.is_ascii_digit()).map_or(0, |i| i + 1);
-    head[start..].parse().ok()
 }
 
 fn write_embed_file(jobs: &[Job], compiled: &[Compiled], info: &str, out_dir: &Path) {

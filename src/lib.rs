@@ -15,6 +15,8 @@ pub mod error;
 pub mod kernels;
 pub mod launch;
 pub mod plan;
+#[cfg(test)]
+mod ptxas;
 pub mod tensor;
 pub mod tma;
 pub mod validate;
