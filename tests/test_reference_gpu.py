@@ -1,0 +1,63 @@
+"""The float64 reference against fla's own Triton kernel (GPU only).
+
+Checks that kda_dhu.reference is fla's op in every variant, and that its rounding model
+(emulate_rounding=True: b cast to k.dtype before k@b, dv2 cast to w.dtype before
+w^T dv2) is what fla computes: fla's outputs then agree with the reference *rounded to
+the output dtype* far below the 16-bit epsilon, while the exact recurrence is off by
+about the epsilon.
+
+Measured on an H200, fla-core 0.6.0, Triton 3.6 (2026-11-30), B2 T512 H4 K=V=128 bf16
+(rel. error of fla vs ref rounded to fla's output dtype, emulated / exact):
+no gate dh 8.6e-5 / 1.8e-3, dh0 7.8e-5 / 1.3e-3; gk dh 6.5e-5 / 1.3e-3, dh0 1.1e-4 /
+1.6e-3; g dh 4.3e-4 / 1.1e-3, dh0 5.0e-4 / 1.6e-3 (with g, fla keeps q * exp2(g) in
+fp32 and its fp32 dot runs in TF32: not modelled).  Varlen, padded varlen, tails, GVA,
+state_v_first, dht/h0 None and K = 256 agree as well.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import torch
+
+from helpers import make_inputs
+
+pytestmark = pytest.mark.gpu
+
+CASES = {
+    "none": dict(B=2, T=512, H=4, HV=4, K=128, V=128, gate=None),
+    "g": dict(B=2, T=512, H=4, HV=4, K=128, V=128, gate="g"),
+    "gk": dict(B=2, T=512, H=4, HV=4, K=128, V=128, gate="gk"),
+    "gk-gva-tail": dict(B=2, T=300, H=2, HV=4, K=128, V=64, gate="gk"),
+    "gk-varlen-padded": dict(B=1, T=600, H=2, HV=2, K=128, V=128, gate="gk", varlen_lengths=[70, 64, 1, 300]),
+    "gk-state-v-first": dict(B=2, T=256, H=2, HV=2, K=128, V=128, gate="gk", state_v_first=True),
+}
+
+
+def _fla():
+    mod = pytest.importorskip("fla.ops.common.chunk_delta_h")
+    return inspect.unwrap(mod.chunk_gated_delta_rule_bwd_dhu)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_reference_models_fla_bf16(case, rng):
+    R = importlib.import_module("kda_dhu.reference")
+    fla = _fla()
+    inp = make_inputs(**CASES[case], dtype=torch.bfloat16, device="cuda", generator=rng)
+    out = list(fla(**inp))
+    cu = inp["cu_seqlens"]
+    if cu is not None:  # fla leaves rows past cu_seqlens[-1] unwritten
+        out[2] = out[2].clone()
+        out[2][:, int(cu[-1]):] = 0
+    emu = R.chunk_gated_delta_rule_bwd_dhu_ref(**inp, emulate_rounding=True)
+    exact = R.chunk_gated_delta_rule_bwd_dhu_ref(**inp, emulate_rounding=False)
+    bound = 1e-3 if CASES[case]["gate"] == "g" else 3e-4
+    for name, o, e, x in zip(("dh", "dh0", "dv2"), out, emu, exact):
+        # the op itself: fla is within bf16 output rounding of the reference
+        assert R.rel_err(o, e) < 4e-3, (name, R.rel_err(o, e))
+        # the rounding model: far below bf16's epsilon once output rounding is removed
+        assert R.rel_err(o, e.to(o.dtype)) < bound, (name, R.rel_err(o, e.to(o.dtype)))
+    # and the casts matter: dh0 (fp32, not output-rounded) is much closer to the model
+    assert R.rel_err(out[1], emu[1]) < 0.5 * R.rel_err(out[1], exact[1])
