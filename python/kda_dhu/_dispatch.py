@@ -1,0 +1,285 @@
+"""Entry points: fla's full signature, the seed's dispatcher, and the planner's verdict.
+
+Every entry point asks the Rust planner (``kda_dhu._core.plan``) whether the kernel
+covers the call. It says kernel or fallback, and why; a call it cannot accept at all
+(bad dtype, shape, device, scale, ...) raises there, naming the argument. Outputs are
+allocated here with torch (the caching allocator, on the inputs' device) and the
+kernel is launched on torch's current stream of that device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+from typing import Optional, Tuple
+
+import torch
+
+try:
+    from . import _core
+except ImportError as _err:  # a source checkout without the compiled extension
+    _core = None
+    _core_error = _err
+
+BT = 64
+
+# Debugging switch: KDA_DHU_FORCE=kernel runs the kernel wherever it is able to (past
+# the dispatch policy's clauses, such as the seed's 256-CTA floor) and raises where it
+# is not; KDA_DHU_FORCE=fla always calls fla's own function. Read at every call.
+FORCE_ENV = "KDA_DHU_FORCE"
+
+_fla_lock = threading.Lock()
+_fla_fn = None
+
+
+def fla_function():
+    """fla's own ``chunk_gated_delta_rule_bwd_dhu``, undecorated.
+
+    The function under fla's backend-dispatch wrapper, so that a fallback never routes
+    back into kda-dhu's fla backend or patch. Raises ImportError if fla is not installed.
+    """
+    global _fla_fn
+    if _fla_fn is None:
+        with _fla_lock:
+            if _fla_fn is None:
+                try:
+                    import fla.ops.common.chunk_delta_h as mod
+                except ImportError as err:  # pragma: no cover - depends on the environment
+                    raise ImportError(
+                        "kda_dhu falls back to flash-linear-attention for calls its kernel does "
+                        "not cover, and fla is not importable: pip install fla-core"
+                    ) from err
+                fn = mod.chunk_gated_delta_rule_bwd_dhu
+                if getattr(fn, "_kda_dhu_entry", False):
+                    from .patch import original_function
+
+                    fn = original_function()
+                _fla_fn = inspect.unwrap(fn)
+    return _fla_fn
+
+
+def _device_ctx(q):
+    """torch exports a CUDA tensor through DLPack only on its current device."""
+    if isinstance(q, torch.Tensor) and q.is_cuda and q.device.index != torch.cuda.current_device():
+        return torch.cuda.device(q.device)
+    return contextlib.nullcontext()
+
+
+def _force() -> Optional[str]:
+    value = os.environ.get(FORCE_ENV, "").strip().lower()
+    if value in ("", "0", "auto"):
+        return None
+    if value not in ("kernel", "fla"):
+        raise ValueError(f"{FORCE_ENV}: expected 'kernel', 'fla' or unset, got {value!r}")
+    return value
+
+
+def _default_scale(q: torch.Tensor, scale: Optional[float]) -> float:
+    if scale is None:
+        return q.shape[-1] ** -0.5
+    return scale
+
+
+def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
+            cu_seqlens, chunk_size, chunk_offsets) -> Tuple[bool, str]:
+    """(use_kernel, reason). Raises on input that is invalid for fla and kernel alike."""
+    if _core is None:
+        raise ImportError(f"kda_dhu's compiled extension (kda_dhu._core) is not built: {_core_error}")
+    force = _force()
+    if force == "fla":
+        _core.validate(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens,
+                       chunk_size, chunk_offsets)
+        return False, f"{FORCE_ENV}=fla"
+    ok, reason = _core.plan(rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
+                            cu_seqlens, chunk_size, chunk_offsets)
+    if force == "kernel" and not ok:
+        if rule != "extended":
+            ok, reason = _core.plan("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
+                                    state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+        if not ok:
+            raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
+    return ok, reason
+
+
+def _varlen_chunks(cu_seqlens: torch.Tensor, T: int, chunk_indices, chunk_offsets):
+    """Checks cu_seqlens' values and returns (NT total, chunk_offsets as int64 [N+1]).
+
+    Reads cu_seqlens on the host (one synchronization, as fla's own varlen path does
+    when it prepares its chunk indices).
+    """
+    lens_host = cu_seqlens.tolist()
+    if lens_host[0] != 0:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[0] == 0, got {lens_host[0]}")
+    for i in range(len(lens_host) - 1):
+        if lens_host[i + 1] < lens_host[i]:
+            raise ValueError(
+                f"cu_seqlens: expected non-decreasing offsets, got cu_seqlens[{i}] = "
+                f"{lens_host[i]} > cu_seqlens[{i + 1}] = {lens_host[i + 1]}")
+    if lens_host[-1] > T:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] <= T = {T}, got {lens_host[-1]}")
+    chunks = [(lens_host[i + 1] - lens_host[i] + BT - 1) // BT for i in range(len(lens_host) - 1)]
+    NT = sum(chunks)
+    if chunk_indices is not None and len(chunk_indices) != NT:
+        raise ValueError(f"chunk_indices: expected {NT} chunks for these cu_seqlens, got {len(chunk_indices)}")
+    if chunk_offsets is None:
+        offs = [0]
+        for c in chunks:
+            offs.append(offs[-1] + c)
+        chunk_offsets = torch.tensor(offs, dtype=torch.int64).to(cu_seqlens.device, non_blocking=True)
+    else:
+        chunk_offsets = chunk_offsets.to(torch.int64).contiguous()
+    return NT, chunk_offsets
+
+
+def _alloc(shape, dtype, device, use_graph: bool, name: str):
+    if use_graph:
+        from fla.ops.utils.graph import get_static_buffer
+
+        return get_static_buffer(name, tuple(shape), dtype, device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indices,
+                chunk_offsets, use_graph, poison=False):
+    B, T, H, K = q.shape
+    HV, V = do.shape[2], do.shape[3]
+    if cu_seqlens is not None:
+        NT, chunk_offsets = _varlen_chunks(cu_seqlens, T, chunk_indices, chunk_offsets)
+    else:
+        NT, chunk_offsets = (T + BT - 1) // BT, None
+    dh = _alloc((B, NT, HV, K, V), q.dtype, q.device, use_graph, "dhu_dh")
+    dh0 = (_alloc(tuple(h0.shape), torch.float32, q.device, use_graph, "dhu_dh0")
+           if h0 is not None else None)
+    dv2 = _alloc(tuple(dv.shape), dv.dtype, q.device, use_graph, "dhu_dv2")
+    if poison:  # tests: an element the kernel does not write stays NaN
+        for out in (dh, dh0, dv2):
+            if out is not None:
+                out.fill_(float("nan"))
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _core.launch(q, k, w, do, dv, g, gk, h0, dht, float(scale), False, cu_seqlens, BT,
+                 chunk_offsets, dh, dh0, dv2, stream)
+    return dh, dh0, dv2
+
+
+def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
+              state_v_first=False, cu_seqlens=None, chunk_size=64, chunk_indices=None,
+              chunk_offsets=None, use_graph=False) -> Tuple[bool, Optional[str]]:
+    """The planner's verdict on a call of ``chunk_gated_delta_rule_bwd_dhu``; no side effects.
+
+    Returns ``(True, "kernel-sm90a")`` when kda-dhu's kernel runs the call, else
+    ``(False, reason)``. Invalid input is reported as ``(False, message)`` rather than
+    raised: this is the verifier of kda-dhu's fla backend, and fla then runs the call
+    itself (and raises its own error if it must).
+    """
+    try:
+        with _device_ctx(q):
+            return _decide("extended", q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale),
+                           state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+    except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
+        return False, f"{type(err).__name__}: {err}"
+
+
+def chunk_gated_delta_rule_bwd_dhu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    do: torch.Tensor,
+    dv: torch.Tensor,
+    g: Optional[torch.Tensor] = None,
+    gk: Optional[torch.Tensor] = None,
+    h0: Optional[torch.Tensor] = None,
+    dht: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[torch.LongTensor] = None,
+    chunk_size: int = 64,
+    chunk_indices: Optional[torch.LongTensor] = None,
+    chunk_offsets: Optional[torch.LongTensor] = None,
+    use_graph: bool = False,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """Stage 4 of the chunked gated delta rule backward: fla's signature, kda-dhu's kernel.
+
+    The reverse state scan of ``fla.ops.common.chunk_delta_h.chunk_gated_delta_rule_bwd_dhu``
+    (fla-core 0.6; the math is SPEC.md's recurrence): for each sequence and value head,
+    walking chunks of 64 tokens newest first, it stores the state gradient entering each
+    chunk (dh), the corrected value gradient dv2, and the gradient of the initial state.
+
+    Args:
+        q, k: [B, T, H, K] bf16/fp16 (KDA passes its gated qg, kg).
+        w: [B, T, HV, K], q's dtype (WY representation).
+        do, dv: [B, T, HV, V], the output gradient and stage 3's dv.
+        g: [B, T, HV] fp32 scalar log2-space gate, chunk-local cumsum (GDN), or None.
+        gk: [B, T, HV, K] fp32 per-key log2-space gate, chunk-local cumsum (KDA), or None.
+        h0: initial state [N, HV, K, V] (or [N, HV, V, K] with state_v_first); only its
+            presence matters: dh0 is returned iff h0 is given.
+        dht: fp32 gradient of the final state, shaped like h0, or None (zeros).
+        scale: multiplies the fp32 q^T do dot; None means K ** -0.5.
+        state_v_first: dh, dht, h0, dh0 keep V before K.
+        cu_seqlens: int64 [N + 1] sequence offsets of a packed batch (B == 1), or None.
+        chunk_size: 64 on the kernel path (fla handles others).
+        chunk_indices, chunk_offsets: fla's precomputed varlen chunk tables, optional.
+        use_graph: fla's static output buffers for CUDA-graph capture.
+
+    Returns:
+        (dh, dh0, dv2): dh [B, NT, HV, K, V] in q's dtype (NT = ceil(T / 64), or the
+        total chunk count of all sequences with cu_seqlens; [B, NT, HV, V, K] with
+        state_v_first), dh0 fp32 shaped like h0 or None, dv2 like dv. With cu_seqlens
+        whose last offset is short of T, dv2's padding rows are zeros.
+
+    Raises:
+        TypeError / ValueError: a tensor's dtype, shape, device, stride or alignment is
+            not what the op takes (the message names the argument and the expectation);
+            cu_seqlens not starting at 0, decreasing, past T, or B != 1; scale not finite.
+        RuntimeError: a CUDA driver or launch failure; KDA_DHU_FORCE=kernel on a call the
+            kernel cannot run.
+
+    Calls the kernel where ``plan_call`` accepts; otherwise fla's own function with the
+    same arguments, so results match fla's to rounding either way.
+    """
+    scale = _default_scale(q, scale)
+    with _device_ctx(q):
+        use_kernel, _reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
+                                      state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+        if use_kernel:
+            return _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
+                               chunk_indices, chunk_offsets, use_graph)
+    return fla_function()(
+        q=q, k=k, w=w, do=do, dv=dv, g=g, gk=gk, h0=h0, dht=dht, scale=scale,
+        state_v_first=state_v_first, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+        chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, use_graph=use_graph)
+
+
+chunk_gated_delta_rule_bwd_dhu._kda_dhu_entry = True
+
+
+def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
+    """The seed's stage-4 dispatcher, argument for argument fla's call with q=qg, k=kg, gk=g2.
+
+    Runs kda-dhu's kernel only when all of the seed's clauses hold (SPEC.md): chunk_size
+    == 64, T % 64 == 0, K in (64, 128), V % 64 == 0, dtype bf16 or fp16, dht given, and
+    B * HV * (V // 64) >= 256 CTAs; otherwise it returns fla's own result for the same
+    arguments. Shapes: qg, kg [B, T, H, K]; w [B, T, HV, K]; g2 [B, T, HV, K] fp32;
+    h0, dht [B, HV, K, V] fp32 (h0 only decides whether dh0 is returned); do, dv
+    [B, T, HV, V].
+
+    Returns (dh [B, NT, HV, K, V] in qg's dtype, dh0 fp32 or None if h0 is None, dv2).
+    Raises as ``chunk_gated_delta_rule_bwd_dhu`` does.
+    """
+    with _device_ctx(qg):
+        use_kernel, _reason = _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False,
+                                      None, chunk_size, None)
+        if use_kernel:
+            return _run_kernel(qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None,
+                               False)
+    return fla_function()(q=qg, k=kg, w=w, gk=g2, h0=h0, dht=dht, do=do, dv=dv,
+                          scale=scale, chunk_size=chunk_size)
+
+
+def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> Tuple[bool, str]:
+    """The seed dispatcher's verdict for a ``kda_dhu_b2a`` call: (use_kernel, reason)."""
+    with _device_ctx(qg):
+        return _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None,
+                       chunk_size, None)
+

@@ -1,0 +1,246 @@
+"""Benchmark: kda-dhu against fla in the same run, on DESIGN.md's shape table.
+
+    python -m kda_dhu.bench                 # the quick default: prod8192 only
+    python -m kda_dhu.bench --all --out DIR # every shape; writes DIR/<date>-<gpu>.json
+
+Times are medians of CUDA-event timings after warm-up, kda-dhu and fla alternating
+in one process. The bandwidth floor is the fewest bytes (each input read once, each
+output written once; DESIGN.md "Performance model") over the device-to-device copy
+bandwidth measured in the same run (bytes read + written). Errors are against the
+float64 reference computed on the GPU where it fits, else against fla (the record's
+"ref" field says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+BT = 64
+
+# name, B, T, H, HV, K, V, gate, varlen (list of lengths or None)
+SHAPES = [
+    ("prod8192", 16, 8192, 32, 32, 128, 128, "gk", None),
+    ("b8_t4096_h32", 8, 4096, 32, 32, 128, 128, "gk", None),
+    ("b4_t8192_h16", 4, 8192, 16, 16, 128, 128, "gk", None),
+    ("b1_t65536_h32", 1, 65536, 32, 32, 128, 128, "gk", None),
+    ("gva_b1_t11264_h16_hv32", 1, 11264, 16, 32, 128, 128, "gk", None),
+    ("b8_t1096_h4_tail", 8, 1096, 4, 4, 128, 128, "gk", None),
+    ("k64_b8_t4096_h32", 8, 4096, 32, 32, 64, 128, "gk", None),
+    ("varlen_t65536_h32_avg1k", 1, 65536, 32, 32, 128, 128, "gk", "avg1k"),
+]
+
+
+def varlen_lengths(T: int, n: int, seed: int = 0) -> list:
+    """n positive lengths summing to T, spread around T / n (reproducible)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(n, generator=g) + 0.5
+    lens = (w / w.sum() * T).floor().long().clamp(min=1)
+    lens[-1] += T - int(lens.sum())
+    return lens.tolist()
+
+
+def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", seed=0):
+    """Random inputs in fla's keyword form for one call (fresh data per seed)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape, dt=dtype, s=1.0):
+        return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * s).to(dt)
+
+    N = B if lengths is None else len(lengths)
+    args = dict(
+        q=randn(B, T, H, K, s=K ** -0.5), k=randn(B, T, H, K, s=K ** -0.5),
+        w=randn(B, T, HV, K, s=K ** -0.5), do=randn(B, T, HV, V), dv=randn(B, T, HV, V),
+        h0=torch.zeros(N, HV, K, V, device=device, dtype=torch.float32),
+        dht=randn(N, HV, K, V, dt=torch.float32), scale=K ** -0.5, chunk_size=BT,
+    )
+    # log2-space decays, chunk-local cumulative sums (as fla's recompute produces them)
+    if gate in ("gk", "g"):
+        shape = (B, T, HV, K) if gate == "gk" else (B, T, HV)
+        step = -torch.rand(*shape, generator=gen, device=device) * 0.1 - 0.001
+        if lengths is None:
+            nt = (T + BT - 1) // BT
+            pad = nt * BT - T
+            x = torch.nn.functional.pad(step.movedim(1, -1), (0, pad)).movedim(-1, 1)
+            x = x.reshape(B, nt, BT, *shape[2:]).cumsum(2).reshape(B, nt * BT, *shape[2:])[:, :T]
+        else:
+            parts, start = [], 0
+            for L in lengths:
+                seg = step[:, start:start + L]
+                nt = (L + BT - 1) // BT
+                pad = nt * BT - L
+                s2 = torch.nn.functional.pad(seg.movedim(1, -1), (0, pad)).movedim(-1, 1)
+                s2 = s2.reshape(B, nt, BT, *shape[2:]).cumsum(2).reshape(B, nt * BT, *shape[2:])[:, :L]
+                parts.append(s2)
+                start += L
+            x = torch.cat(parts, 1)
+        args[gate] = x.contiguous().float()
+    if lengths is not None:
+        cu = [0]
+        for L in lengths:
+            cu.append(cu[-1] + L)
+        args["cu_seqlens"] = torch.tensor(cu, dtype=torch.int64, device=device)
+    return args
+
+
+def floor_bytes(B, T, H, HV, K, V, NT_total, N, elem=2, gate="gk") -> int:
+    """Fewest bytes: every input read once, every output written once."""
+    b = (2 * B * T * H * K + B * T * HV * K) * elem          # q, k, w
+    b += 3 * B * T * HV * V * elem                          # do, dv, dv2
+    if gate == "gk":
+        b += B * NT_total * HV * K * 4                      # gk's last rows
+    elif gate == "g":
+        b += B * T * HV * 4
+    b += B * NT_total * HV * K * V * elem                   # dh
+    b += 2 * N * HV * K * V * 4                             # dht, dh0
+    return b
+
+
+def copy_bandwidth(device="cuda", nbytes=4 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read + written."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=5, reps=20)
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def time_ms(fn, warmup=10, reps=50) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def rel_err(out, ref) -> float:
+    if out is None or ref is None:
+        return float("nan") if (out is None) != (ref is None) else 0.0
+    o = out.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    r = ref.double()
+    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-300))
+
+
+def git_commit() -> str:
+    c = os.environ.get("KDA_DHU_COMMIT")
+    if c:
+        return c
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def run_shape(row, bw, check_ref=True, seed=0):
+    import kda_dhu
+    from kda_dhu import reference
+
+    name, B, T, H, HV, K, V, gate, varlen = row
+    lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
+    a = make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, seed=seed)
+    fla_fn = kda_dhu.fla_function()
+    ok, reason = kda_dhu.plan_call(**a)
+
+    ours = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
+    theirs = fla_fn(**a)
+    torch.cuda.synchronize()
+    N = B if lengths is None else len(lengths)
+    NT_total = ours[0].shape[1]
+    nbytes = floor_bytes(B, T, H, HV, K, V, NT_total, N, gate=gate)
+
+    ms_ours = time_ms(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a))
+    ms_fla = time_ms(lambda: fla_fn(**a))
+    ms_ours2 = time_ms(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a))
+    floor_ms = nbytes / (bw * 1e9) * 1e3
+
+    names = ("dh", "dh0", "dv2")
+    ref_kind = "fla"
+    ref = theirs
+    fp64_bytes = 4 * nbytes  # the reference holds float64 copies of inputs and outputs
+    if check_ref and fp64_bytes < 0.5 * torch.cuda.mem_get_info()[0]:
+        ref = reference.chunk_gated_delta_rule_bwd_dhu_ref(**a)
+        ref_kind = "float64"
+    err = {k: rel_err(o, r) for k, o, r in zip(names, ours, ref)}
+    fla_err = {k: rel_err(o, r) for k, o, r in zip(names, theirs, ref)} if ref_kind == "float64" else None
+    del ours, theirs, ref, a
+    torch.cuda.empty_cache()
+    return {
+        "shape": name, "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "dtype": "bf16",
+        "gate": gate, "varlen": lengths is not None,
+        "path": "kernel-sm90a" if ok else f"fla ({reason})",
+        "kda_dhu_ms": ms_ours, "kda_dhu_ms_repeat": ms_ours2, "fla_ms": ms_fla,
+        "floor_ms": floor_ms, "min_bytes": nbytes,
+        "speedup_vs_fla": ms_fla / ms_ours, "over_floor": ms_ours / floor_ms,
+        "fla_over_floor": ms_fla / floor_ms,
+        "GBs": nbytes / (ms_ours * 1e-3) / 1e9,
+        "ref": ref_kind, "rel_err": err, "fla_rel_err": fla_err,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--all", action="store_true", help="every shape of DESIGN.md's table")
+    ap.add_argument("--shapes", default="", help="comma-separated shape names")
+    ap.add_argument("--out", default="", help="folder for <date>-<gpu>.json and latest.json")
+    ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
+    args = ap.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        print("kda_dhu.bench: no CUDA device; the benchmark needs a GPU.", file=sys.stderr)
+        return 2
+    import fla
+    import kda_dhu
+
+    rows = SHAPES if args.all else SHAPES[:1]
+    if args.shapes:
+        want = set(args.shapes.split(","))
+        rows = [r for r in SHAPES if r[0] in want]
+    bw = copy_bandwidth()
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}  torch {torch.__version__}  fla {fla.__version__}  kda_dhu {kda_dhu.__version__} "
+          f"({git_commit()})  copy bandwidth {bw:.0f} GB/s", flush=True)
+    results = []
+    for i, row in enumerate(rows):
+        r = run_shape(row, bw, check_ref=not args.no_ref)
+        results.append(r)
+        print(f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
+              f"x{r['speedup_vs_fla']:.2f} vs fla  {r['over_floor']:.2f}x floor (fla {r['fla_over_floor']:.2f}x)  "
+              f"err[{r['ref']}] dh {r['rel_err']['dh']:.2e} dv2 {r['rel_err']['dv2']:.2e} "
+              f"dh0 {r['rel_err']['dh0']:.2e}  {r['path']}", flush=True)
+    record = {
+        "date": datetime.date.today().isoformat(), "gpu": gpu, "fla_version": fla.__version__,
+        "torch": torch.__version__, "kda_dhu_commit": git_commit(), "copy_bw_GBs": bw,
+        "rows": results,
+    }
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        tag = gpu.replace(" ", "_")
+        for fname in (f"{record['date']}-{tag}.json", "latest.json"):
+            with open(os.path.join(args.out, fname), "w") as f:
+                json.dump(record, f, indent=1)
+    bad = [r["shape"] for r in results
+           if not all(math.isfinite(v) for v in r["rel_err"].values() if v is not None)]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

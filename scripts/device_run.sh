@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# There (the GPU machine, via the device tool): install the carried wheels into a
+# private target, then run the GPU tests and the benchmark in one call.
+#   bash scripts/device_run.sh [--bench-only|--tests-only] [extra pytest args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+export KDA_DHU_COMMIT=$(cat .carry/COMMIT 2>/dev/null || echo unknown)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch, fla, kda_dhu; print('torch', torch.__version__, 'fla', fla.__version__, 'kda_dhu', kda_dhu.__file__, kda_dhu.cuda_status())"
+mode=all
+case "${1:-}" in --bench-only) mode=bench; shift;; --tests-only) mode=tests; shift;; esac
+rc=0
+if [ "$mode" != bench ]; then
+  python3 -m pytest tests -q -x -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$mode" != tests ]; then
+  python3 -m kda_dhu.bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" || rc=1
+fi
+exit $rc
