@@ -174,6 +174,8 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
             Some(format!("HV = {} > {MAX_GRID_YZ} (grid y limit)", d.hv))
         } else if d.n > MAX_GRID_YZ {
             Some(format!("N = {} sequences > {MAX_GRID_YZ} (grid z limit)", d.n))
+        } else if d.t > i32::MAX as i64 {
+            Some(format!("T = {} > 2^31 - 1 (TMA coordinates are int32)", d.t))
         } else {
             None
         }
@@ -444,6 +446,12 @@ mod tests {
                 Some("HV = 131072 > 65535 (grid y limit)"),
             ),
             ("N too large", |d| varlen(d, 70000), "cu_seqlens is given", Some("N = 70000 sequences > 65535 (grid z limit)")),
+            (
+                "T too large",
+                |d| d.dims.t = 1 << 31,
+                "T = 2147483648 > 2^31 - 1 (TMA coordinates are int32)",
+                Some("T = 2147483648 > 2^31 - 1 (TMA coordinates are int32)"),
+            ),
         ]
     }
 
