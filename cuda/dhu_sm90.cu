@@ -101,11 +101,32 @@ template <> struct Mma<cutlass::half_t> {
   using UPD = SM90_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
 };
 
-// Byte offset of element (row, col) in a 128-byte-swizzled tile whose rows hold 64
-// 16-bit elements: the 16-byte chunk index is XORed with the row index mod 8.
-__device__ __forceinline__ uint32_t sw128(int row, int col) {
-  return uint32_t(row) * 128u + ((uint32_t((col >> 3) ^ (row & 7))) << 4) + (uint32_t(col & 7) << 1);
+// exp2 as fla's Triton kernels compute it (ex2.approx.f32).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
+
+// Where a wgmma accumulator element lives (PTX ISA, wgmma 64xN f32 D fragment): thread
+// t of the warpgroup (warp w = t / 32, lane l) holds, for j in [0, N/8), h in {0, 1},
+// c in {0, 1}, element i = 4j + 2h + c at row 16w + l/4 + 8h and column 8j + 2(l%4) + c;
+// an M = 128 tile is two such blocks, the second 64 rows down (element i + N/2).
+// So each thread owns column pairs, and its rows are all congruent to l/4 mod 8: in a
+// 128-byte-swizzled tile the XOR term is the same for all of them.
+struct FragGeom {
+  int row0;      // 16w + l/4
+  int col0;      // 2 (l % 4)
+  uint32_t xr;   // l / 4: the swizzle's row term for every row this thread owns
+  __device__ __forceinline__ explicit FragGeom(int tid)
+      : row0((tid >> 5) * 16 + ((tid & 31) >> 2)), col0(2 * (tid & 3)), xr(uint32_t((tid & 31) >> 2)) {}
+  // Row and column of element i (of a 64-row block) and its byte offset in a sw128 tile.
+  __device__ __forceinline__ int row(int i) const { return row0 + 8 * ((i >> 1) & 1); }
+  __device__ __forceinline__ int col(int i) const { return 8 * (i >> 2) + col0; }
+  __device__ __forceinline__ uint32_t sw(int i) const {
+    return uint32_t(row(i)) * 128u + ((uint32_t(i >> 2) ^ xr) << 4) + uint32_t(col0) * 2u;
+  }
+};
 
 __device__ __forceinline__ void consumer_sync() {
   cutlass::arch::NamedBarrier::sync(NUM_CONSUMER_THREADS, CONSUMER_BARRIER);
@@ -262,9 +283,10 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   Tensor accC = partition_fragment_C(mma_upd, Shape<Int<K>, Int<BV>>{});   // c = -b
   Tensor accQD = partition_fragment_C(mma_upd, Shape<Int<K>, Int<BV>>{});
   Tensor accDV = partition_fragment_C(mma_dv, Shape<Int<BT>, Int<BV>>{});
-  Tensor crdC = thr_upd.partition_C(make_identity_tensor(Shape<Int<K>, Int<BV>>{}));
-  Tensor crdDV = thr_dv.partition_C(make_identity_tensor(Shape<Int<BT>, Int<BV>>{}));
-  static_assert(size(accC) % 2 == 0 && size(accDV) % 2 == 0, "pairs of columns");
+  constexpr int NB = BV / 2;          // accumulator elements per 64-row block per thread
+  constexpr int MB = K / 64;          // 64-row blocks of the [K, BV] state
+  static_assert(size(accDV) == NB && size(accC) == NB * MB, "wgmma D fragment layout");
+  const FragGeom fg(tid);
 
   T* smem_t = reinterpret_cast<T*>(smem);
   auto s_at = [&](int off) { return make_smem_ptr(reinterpret_cast<T*>(smem + off)); };
@@ -277,14 +299,15 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   {
     const uint32_t bh = smem_u32 + Map::BH_OFF;
     CUTE_UNROLL
-    for (int i = 0; i < size(accC); i += 2) {
-      const int row = get<0>(crdC(i)), col = get<1>(crdC(i));
+    for (int i = 0; i < NB * MB; i += 2) {
+      const int e = i % NB, mb = i / NB;
+      const int row = fg.row(e) + 64 * mb, col = fg.col(e);
       float2 x = make_float2(0.f, 0.f);
       if (p.flags & FLAG_DHT)
         x = *reinterpret_cast<const float2*>(p.dht + (nh * K + row) * p.V + v0 + col);
       accC(i) = -x.x;
       accC(i + 1) = -x.y;
-      st_shared_u32(bh + sw128(row, col), pack2<T>(x.x, x.y));
+      st_shared_u32(bh + fg.sw(e) + mb * 64 * 128, pack2<T>(x.x, x.y));
     }
     cutlass::arch::fence_view_async_shared();
     consumer_sync();
@@ -320,7 +343,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
         if (row >= rows) {
           st_shared_v4(a, make_uint4(0, 0, 0, 0));
         } else if (use_g) {
-          const float e = exp2f(sG[row]);
+          const float e = fast_exp2(sG[row]);
           uint4 u = ld_shared_v4(a);
           uint32_t* w = reinterpret_cast<uint32_t*>(&u);
           CUTE_UNROLL
@@ -373,16 +396,23 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
 
     // dv2 = gate . DV + dv, rounded; zero past the sequence's end.
     {
-      const float g_last = use_g ? sG[BT] : 0.f;
+      // Per thread: two rows (h = 0, 1), so two gates and two row masks.
+      float gate[2] = {1.f, 1.f};
+      if (use_g) {
+        const float g_last = sG[BT];
+        gate[0] = fast_exp2(g_last - sG[fg.row(0)]);
+        gate[1] = fast_exp2(g_last - sG[fg.row(2)]);
+      }
       T* dv2_g = reinterpret_cast<T*>(p.dv2);
       CUTE_UNROLL
-      for (int j = 0; j < size(accDV); j += 2) {
-        const int row = get<0>(crdDV(j)), col = get<1>(crdDV(j));
-        const float gate = use_g ? exp2f(g_last - sG[row]) : 1.f;
-        const float2 d = unpack2<T>(ld_shared_u32(st_u32 + Map::DV_OFF + sw128(row, col)));
-        uint32_t packed = pack2<T>(accDV(j) * gate + d.x, accDV(j + 1) * gate + d.y);
+      for (int j = 0; j < NB; j += 2) {
+        const int row = fg.row(j), col = fg.col(j);
+        const float gt = gate[(j >> 1) & 1];
+        const uint32_t off = fg.sw(j);
+        const float2 d = unpack2<T>(ld_shared_u32(st_u32 + Map::DV_OFF + off));
+        uint32_t packed = pack2<T>(accDV(j) * gt + d.x, accDV(j + 1) * gt + d.y);
         if (row >= rows) packed = 0u;
-        st_shared_u32(sDv2_u32 + sw128(row, col), packed);
+        st_shared_u32(sDv2_u32 + off, packed);
         if (partial && row < rows) {
           const int64_t t = bos + int64_t(c) * BT + row;
           *reinterpret_cast<uint32_t*>(dv2_g + (t * p.HV + hv) * p.V + v0 + col) = packed;
@@ -403,12 +433,18 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     warpgroup_fence_operand(accQD);
     {
       const float* sGk = reinterpret_cast<const float*>(smem + Map::GK_OFF) + s * K;
-      const float g_decay = use_g ? exp2f(sG[BT]) : 1.f;
+      const float g_decay = use_g ? fast_exp2(sG[BT]) : 1.f;
+      float decay[MB][2];  // the 2 * MB distinct rows this thread owns
       CUTE_UNROLL
-      for (int j = 0; j < size(accC); ++j) {
-        const int row = get<0>(crdC(j));
-        const float decay = use_gk ? exp2f(sGk[row]) * g_decay : g_decay;
-        accC(j) = decay * accC(j) - p.scale * accQD(j);
+      for (int mb = 0; mb < MB; ++mb) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h)
+          decay[mb][h] = use_gk ? fast_exp2(sGk[fg.row(2 * h) + 64 * mb]) * g_decay : g_decay;
+      }
+      const float scale = p.scale;
+      CUTE_UNROLL
+      for (int j = 0; j < NB * MB; ++j) {
+        accC(j) = decay[j / NB][((j % NB) >> 1) & 1] * accC(j) - scale * accQD(j);
       }
     }
 
@@ -438,9 +474,8 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     if (i + 1 < NC) {
       const uint32_t next = smem_u32 + Map::BH_OFF + ((i + 1) % BH_BUFS) * Map::BH;
       CUTE_UNROLL
-      for (int j = 0; j < size(accC); j += 2) {
-        const int row = get<0>(crdC(j)), col = get<1>(crdC(j));
-        st_shared_u32(next + sw128(row, col), pack2<T>(-accC(j), -accC(j + 1)));
+      for (int j = 0; j < NB * MB; j += 2) {
+        st_shared_u32(next + fg.sw(j % NB) + (j / NB) * 64 * 128, pack2<T>(-accC(j), -accC(j + 1)));
       }
       cutlass::arch::fence_view_async_shared();
     }
@@ -451,8 +486,8 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   // dh0 = b after the oldest chunk.
   if (p.flags & FLAG_DH0) {
     CUTE_UNROLL
-    for (int j = 0; j < size(accC); j += 2) {
-      const int row = get<0>(crdC(j)), col = get<1>(crdC(j));
+    for (int j = 0; j < NB * MB; j += 2) {
+      const int row = fg.row(j % NB) + 64 * (j / NB), col = fg.col(j % NB);
       *reinterpret_cast<float2*>(p.dh0 + (nh * K + row) * p.V + v0 + col) = make_float2(-accC(j), -accC(j + 1));
     }
   }

@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 export KDA_DHU_COMMIT=$(cat .carry/COMMIT 2>/dev/null || echo unknown)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -15,7 +15,7 @@ mode=all
 case "${1:-}" in --bench-only) mode=bench; shift;; --tests-only) mode=tests; shift;; esac
 rc=0
 if [ "$mode" != bench ]; then
-  python3 -m pytest tests -q -x -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
+  python3 -m pytest tests -q --maxfail=8 -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$mode" != tests ]; then

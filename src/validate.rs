@@ -377,12 +377,14 @@ pub fn validate_outputs(d: &CallDesc, o: &Outputs) -> Result<i64> {
     expect_rank(&o.dh, "dh", 5, "[B, NT, HV, K, V]")?;
     let nt = if d.varlen() {
         let nt = o.dh.shape[1];
-        // ceil(T/BT) <= sum ceil(len_i/BT) <= ceil(T/BT) + N - 1
-        if nt < dense_nt || nt > dense_nt + n - 1 {
+        // sum ceil(len_i/BT) <= ceil(T/BT) + N - 1; a padded packed batch
+        // (cu_seqlens[-1] < T) has fewer chunks than ceil(T/BT), so 1 is the lower bound.
+        // TMA clips every dh store to [0, B*NT) whatever chunk_offsets say.
+        if nt < 1 || nt > dense_nt + n - 1 {
             return Err(Error::shape(
                 "dh",
                 format!(
-                    "expected dim 1 (total chunks of the {n} sequences) in [{dense_nt}, {}], got shape {}",
+                    "expected dim 1 (total chunks of the {n} sequences) in [1, {}], got shape {}",
                     dense_nt + n - 1,
                     fmt_shape(&o.dh.shape)
                 ),
@@ -723,8 +725,8 @@ pub(crate) mod tests {
         a.dht = None;
         a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I64, Device::cpu()));
         let d = validate(&a, false).unwrap();
-        // ceil(1000/64) = 16 <= NT <= 16 + 3 - 1 = 18
-        for (nt, ok) in [(15, false), (16, true), (18, true), (19, false)] {
+        // 1 <= NT <= ceil(1000/64) + 3 - 1 = 18; fewer than 16 is a padded packed batch
+        for (nt, ok) in [(0, false), (1, true), (15, true), (16, true), (18, true), (19, false)] {
             let o = outputs(&d, nt, Device::cpu());
             assert_eq!(validate_outputs(&d, &o).is_ok(), ok, "NT={nt}");
         }

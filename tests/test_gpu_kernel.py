@@ -67,7 +67,7 @@ def _check(args, tol_factor=1.25):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("K", [64, 128])
 @pytest.mark.parametrize("V", [64, 128])
-@pytest.mark.parametrize("T", [64, 256, 1024])
+@pytest.mark.parametrize("T", [64, 320])
 def test_envelope_matches_reference_and_fla(rng, dtype, K, V, T):
     args = make_inputs(2, T, 4, 4, K, V, DT[dtype], "gk", device="cuda", generator=rng)
     _check(args)

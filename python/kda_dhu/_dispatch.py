@@ -147,6 +147,8 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
     HV, V = do.shape[2], do.shape[3]
     if cu_seqlens is not None:
         NT, chunk_offsets = _varlen_chunks(cu_seqlens, T, chunk_indices, chunk_offsets)
+        if NT == 0:  # every sequence empty: nothing for a kernel to walk
+            return None
     else:
         NT, chunk_offsets = (T + BT - 1) // BT, None
     dh = _alloc((B, NT, HV, K, V), q.dtype, q.device, use_graph, "dhu_dh")
@@ -242,9 +244,12 @@ def chunk_gated_delta_rule_bwd_dhu(
     with _device_ctx(q):
         use_kernel, _reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
                                       state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+        out = None
         if use_kernel:
-            return _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
-                               chunk_indices, chunk_offsets, use_graph)
+            out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
+                              chunk_indices, chunk_offsets, use_graph)
+        if out is not None:
+            return out
     return fla_function()(
         q=q, k=k, w=w, do=do, dv=dv, g=g, gk=gk, h0=h0, dht=dht, scale=scale,
         state_v_first=state_v_first, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
