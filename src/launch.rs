@@ -298,7 +298,7 @@ pub fn fill_scalars(args: &CallArgs, outs: &Outputs, desc: &CallDesc, config: &K
 /// Re-validates the call (full check + Extended plan), fills DhuParams and launches
 /// on `stream` (a CUstream as an integer; 0 is the legacy default stream). No sync.
 pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
-    let (desc, p) = plan_call(args, Rule::Extended)?;
+    let (desc, p) = plan_call(args, Rule::Capable)?;
     let (arch, config) = match p {
         Plan::Kernel { arch, config } => (arch, config),
         Plan::Fallback { reason } => return Err(Error::NotPlanned(reason)),

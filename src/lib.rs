@@ -122,7 +122,7 @@ fn py_validate(
     })
 }
 
-/// Full validation (device included) and the plan under `rule` ("b2a" or "extended"):
+/// Full validation (device included) and the plan under `rule` ("b2a", "extended" or "capable"):
 /// (True, "kernel-sm90a") or (False, reason).
 #[pyfunction]
 #[pyo3(name = "plan", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=false, cu_seqlens=None, chunk_size=64, chunk_offsets=None))]

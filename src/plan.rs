@@ -17,7 +17,10 @@ pub const BT: i64 = 64;
 pub const BV: i64 = 64;
 /// The seed's floor: "serial scans need a full GPU".
 pub const MIN_CTAS_B2A: i64 = 256;
-/// The Extended rule's floor. TODO: set from measurement against fla on the H200.
+/// The Extended rule's CTA floor: none. Measured on the H200 (2026-11-30, sm90 v2,
+/// benches/results/2026-11-30-NVIDIA_H200.json): at 64 CTAs the kernel beat fla on
+/// b1_t65536_h32 (1.45x) and b8_t1096_h4 (1.36x), so a small grid alone is no reason
+/// to fall back; the measured losses are the two policy clauses below.
 pub const MIN_CTAS_EXTENDED: i64 = 1;
 /// CUDA grid limits on gridDim.y (HV) and gridDim.z (N).
 pub const MAX_GRID_YZ: i64 = 65535;
@@ -26,8 +29,14 @@ pub const BLOCK_THREADS_SM90: u32 = 160;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
+    /// The seed's dispatcher, exactly (`kda_dhu_b2a`).
     B2a,
+    /// The full-signature entry point and the fla backend: `Capable`, less the shapes
+    /// where the kernel measured slower than fla.
     Extended,
+    /// Everything the kernel computes correctly; used by `launch` (which must accept
+    /// whatever B2a or Extended sent it) and by KDA_DHU_FORCE=kernel.
+    Capable,
 }
 
 impl Rule {
@@ -35,6 +44,7 @@ impl Rule {
         match s {
             "b2a" | "B2a" | "B2A" => Some(Rule::B2a),
             "extended" | "Extended" => Some(Rule::Extended),
+            "capable" | "Capable" => Some(Rule::Capable),
             _ => None,
         }
     }
@@ -203,7 +213,7 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 grid_clause(),
             ]
         }
-        Rule::Extended => {
+        Rule::Extended | Rule::Capable => {
             let ctas = d.n * d.hv * (d.v / BV);
             let index_clause = || {
                 if desc.cu_seqlens == Some(DType::I32) {
@@ -214,7 +224,7 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                     None
                 }
             };
-            vec![
+            let mut clauses = vec![
                 chunk_clause(),
                 k_clause(),
                 v_clause(),
@@ -224,8 +234,24 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 svf_clause(),
                 index_clause(),
                 grid_clause(),
-                (ctas < MIN_CTAS_EXTENDED).then(|| format!("N*HV*(V/64) = {ctas} < {MIN_CTAS_EXTENDED} CTAs")),
-            ]
+            ];
+            if rule == Rule::Extended {
+                // Policy, from the H200 measurement of 2026-11-30 (sm90 v2, same run as fla).
+                clauses.extend([
+                    (ctas < MIN_CTAS_EXTENDED).then(|| format!("N*HV*(V/64) = {ctas} < {MIN_CTAS_EXTENDED} CTAs")),
+                    (d.k == 64).then(|| {
+                        "K = 64: the sm90 kernel measured 0.98x fla's speed (k64_b8_t4096_h32)".to_string()
+                    }),
+                    (d.h < d.hv && ctas < i64::from(dev.sm_count)).then(|| {
+                        format!(
+                            "GVA (H={} < HV={}) below one wave ({ctas} CTAs < {} SMs): measured 0.96x fla's speed \
+                             (gva_b1_t11264_h16_hv32)",
+                            d.h, d.hv, dev.sm_count
+                        )
+                    }),
+                ]);
+            }
+            clauses
         }
     };
     if let Some(reason) = clauses.into_iter().flatten().next() {
@@ -519,9 +545,11 @@ mod tests {
         for (what, mutate) in cases {
             let mut d = base();
             mutate(&mut d);
-            for rule in [Rule::B2a, Rule::Extended] {
+            for rule in [Rule::B2a, Rule::Capable] {
                 assert!(plan(&d, &H200, rule).is_kernel(), "{rule:?} {what}");
             }
+            // Extended adds the measured policy: K = 64 goes to fla there.
+            assert_eq!(plan(&d, &H200, Rule::Extended).is_kernel(), d.dims.k != 64, "Extended {what}");
         }
         let mut d = base();
         d.dims.hv = 63;
@@ -552,8 +580,29 @@ mod tests {
         assert_eq!(config.flags, FLAG_DHT | FLAG_DH0);
         // A single CTA is still a kernel (MIN_CTAS_EXTENDED = 1).
         let mut d = base();
-        d.dims = Dims { b: 1, t: 64, h: 1, hv: 1, k: 64, v: 64, n: 1 };
+        d.dims = Dims { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, n: 1 };
         assert!(plan(&d, &H200, Rule::Extended).is_kernel());
+    }
+
+    #[test]
+    fn extended_policy_follows_the_measurement() {
+        // K = 64: fla under Extended, kernel under Capable (what launch and
+        // KDA_DHU_FORCE=kernel use) and under the seed's rule.
+        let mut d = base();
+        d.dims.k = 64;
+        assert!(reason(plan(&d, &H200, Rule::Extended)).starts_with("K = 64"));
+        assert!(plan(&d, &H200, Rule::Capable).is_kernel());
+        assert!(plan(&d, &H200, Rule::B2a).is_kernel());
+        // GVA below one wave: fla; GVA at a full wave, or H == HV below one: kernel.
+        let mut d = base();
+        d.dims = Dims { b: 1, t: 11264, h: 16, hv: 32, k: 128, v: 128, n: 1 };
+        assert!(reason(plan(&d, &H200, Rule::Extended)).starts_with("GVA (H=16 < HV=32) below one wave (64 CTAs"));
+        assert!(plan(&d, &H200, Rule::Capable).is_kernel());
+        d.dims.b = 4;
+        d.dims.n = 4;
+        assert!(plan(&d, &H200, Rule::Extended).is_kernel(), "256 CTAs >= 132 SMs");
+        d.dims = Dims { b: 1, t: 65536, h: 32, hv: 32, k: 128, v: 128, n: 1 };
+        assert!(plan(&d, &H200, Rule::Extended).is_kernel(), "b1_t65536_h32: 1.45x fla at 64 CTAs");
     }
 
     #[test]

@@ -29,7 +29,7 @@ def _run_poisoned(args):
     from kda_dhu import _dispatch
 
     ok, reason = _dispatch._decide(
-        "extended", args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
+        "capable", args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
         args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
         args.get("state_v_first", False), args.get("cu_seqlens"), args.get("chunk_size", 64), None)
     assert ok, f"the plan sent this call to fla: {reason}"

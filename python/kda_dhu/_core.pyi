@@ -68,9 +68,11 @@ def plan(
 
     rule "b2a": the seed's dispatcher exactly (chunk_size 64, T % 64 == 0, K in {64, 128},
     V % 64 == 0, bf16/fp16, dht given, B*HV*(V/64) >= 256) plus the seed kernel's limits
-    (gk path, H == HV, no cu_seqlens). rule "extended": tails, varlen, GVA, g / gk / no
-    gate, dht and h0 optional. Both: one 16-bit dtype throughout, not state_v_first,
-    contiguous 16-byte aligned tensors, an sm_90 device.
+    (gk path, H == HV, no cu_seqlens). rule "capable": everything the kernel computes:
+    tails, varlen, GVA, g / gk / no gate, dht and h0 optional. rule "extended": "capable"
+    less the shapes measured slower than fla on the H200 (K = 64; GVA below one wave).
+    All: one 16-bit dtype throughout, not state_v_first, contiguous 16-byte aligned
+    tensors, an sm_90 device.
 
     Validates fully first (as ``validate``, plus: every tensor on one CUDA device), so it
     raises where ``validate`` would, and RuntimeError without a CUDA driver.

@@ -25,9 +25,10 @@ except ImportError as _err:  # a source checkout without the compiled extension
 
 BT = 64
 
-# Debugging switch: KDA_DHU_FORCE=kernel runs the kernel wherever it is able to (past
-# the dispatch policy's clauses, such as the seed's 256-CTA floor) and raises where it
-# is not; KDA_DHU_FORCE=fla always calls fla's own function. Read at every call.
+# Debugging switch: KDA_DHU_FORCE=kernel runs the kernel wherever it is able to (the
+# planner's "capable" rule: past the policy clauses, such as the seed's 256-CTA floor
+# or the measured K = 64 loss) and raises where it is not; KDA_DHU_FORCE=fla always
+# calls fla's own function. Read at every call.
 FORCE_ENV = "KDA_DHU_FORCE"
 
 _fla_lock = threading.Lock()
@@ -95,9 +96,8 @@ def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
     ok, reason = _core.plan(rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
                             cu_seqlens, chunk_size, chunk_offsets)
     if force == "kernel" and not ok:
-        if rule != "extended":
-            ok, reason = _core.plan("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
-                                    state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+        ok, reason = _core.plan("capable", q, k, w, do, dv, g, gk, h0, dht, scale,
+                                state_v_first, cu_seqlens, chunk_size, chunk_offsets)
         if not ok:
             raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
     return ok, reason
