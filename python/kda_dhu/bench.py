@@ -150,7 +150,8 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_shape(row, bw, check_ref=True, seed=0):
+def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
+    """Time and check one shape; entry "extended" (fla's signature) or "b2a" (the seed's)."""
     import kda_dhu
     from kda_dhu import reference
 
@@ -158,18 +159,29 @@ def run_shape(row, bw, check_ref=True, seed=0):
     lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
     a = make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, seed=seed)
     fla_fn = kda_dhu.fla_function()
-    ok, reason = kda_dhu.plan_call(**a)
+    if entry == "b2a":
+        b2a_args = (a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"],
+                    a["scale"], a["chunk_size"])
+        ok, reason = kda_dhu.plan_b2a(*b2a_args)
 
-    ours = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
+        def ours_fn():
+            return kda_dhu.kda_dhu_b2a(*b2a_args)
+    else:
+        ok, reason = kda_dhu.plan_call(**a)
+
+        def ours_fn():
+            return kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
+
+    ours = ours_fn()
     theirs = fla_fn(**a)
     torch.cuda.synchronize()
     N = B if lengths is None else len(lengths)
     NT_total = ours[0].shape[1]
     nbytes = floor_bytes(B, T, H, HV, K, V, NT_total, N, gate=gate)
 
-    ms_ours = time_ms(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a))
+    ms_ours = time_ms(ours_fn)
     ms_fla = time_ms(lambda: fla_fn(**a))
-    ms_ours2 = time_ms(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a))
+    ms_ours2 = time_ms(ours_fn)
     floor_ms = nbytes / (bw * 1e9) * 1e3
 
     names = ("dh", "dh0", "dv2")
@@ -181,6 +193,7 @@ def run_shape(row, bw, check_ref=True, seed=0):
         ref_kind = "float64"
     err = {k: rel_err(o, r) for k, o, r in zip(names, ours, ref)}
     fla_err = {k: rel_err(o, r) for k, o, r in zip(names, theirs, ref)} if ref_kind == "float64" else None
+    vs_fla = {k: rel_err(o, f) for k, o, f in zip(names, ours, theirs)}
     del ours, theirs, ref, a
     torch.cuda.empty_cache()
     return {
@@ -192,8 +205,26 @@ def run_shape(row, bw, check_ref=True, seed=0):
         "speedup_vs_fla": ms_fla / ms_ours, "over_floor": ms_ours / floor_ms,
         "fla_over_floor": ms_fla / floor_ms,
         "GBs": nbytes / (ms_ours * 1e-3) / 1e9,
-        "ref": ref_kind, "rel_err": err, "fla_rel_err": fla_err,
+        "entry": entry, "ref": ref_kind, "rel_err": err, "fla_rel_err": fla_err, "vs_fla": vs_fla,
     }
+
+
+def markdown_table(record: dict) -> str:
+    """The README's table, generated from a benchmark record (never typed by hand)."""
+    head = (f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, kda_dhu "
+            f"{record['kda_dhu_commit']}, {record['date']}; copy bandwidth "
+            f"{record['copy_bw_GBs']:.0f} GB/s\n\n")
+    lines = ["| shape | B | T | H | HV | K | V | kda-dhu ms | fla ms | vs fla | kda-dhu / floor "
+             "| fla / floor | err dh (fla) | path |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in record["rows"]:
+        fe = r.get("fla_rel_err") or {}
+        lines.append(
+            f"| {r['shape']} | {r['B']} | {r['T']} | {r['H']} | {r['HV']} | {r['K']} | {r['V']} "
+            f"| {r['kda_dhu_ms']:.3f} | {r['fla_ms']:.3f} | {r['speedup_vs_fla']:.2f}x "
+            f"| {r['over_floor']:.2f} | {r['fla_over_floor']:.2f} "
+            f"| {r['rel_err']['dh']:.1e} ({fe.get('dh', float('nan')):.1e}) | {r['path']} |")
+    return head + "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -202,7 +233,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma-separated shape names")
     ap.add_argument("--out", default="", help="folder for <date>-<gpu>.json and latest.json")
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
+    ap.add_argument("--table", default="", metavar="JSON",
+                    help="print the markdown table of a recorded run and exit (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(markdown_table(json.load(f)), end="")
+        return 0
 
     if not torch.cuda.is_available():
         print("kda_dhu.bench: no CUDA device; the benchmark needs a GPU.", file=sys.stderr)
@@ -237,6 +274,8 @@ def main(argv=None) -> int:
         for fname in (f"{record['date']}-{tag}.json", "latest.json"):
             with open(os.path.join(args.out, fname), "w") as f:
                 json.dump(record, f, indent=1)
+        with open(os.path.join(args.out, "latest.md"), "w") as f:
+            f.write(markdown_table(record))
     bad = [r["shape"] for r in results
            if not all(math.isfinite(v) for v in r["rel_err"].values() if v is not None)]
     return 1 if bad else 0

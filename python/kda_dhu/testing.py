@@ -1,0 +1,206 @@
+"""Random inputs for every SPEC.md variant of fla's stage 4, and an independent
+per-token float64 loop: shared by the tests (CPU and GPU), ``python -m kda_dhu`` and
+anyone checking an installation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+GATES = (None, "g", "gk")
+
+
+def _chunk_local_cumsum(x: torch.Tensor, lengths: list[int], starts: list[int], chunk_size: int) -> torch.Tensor:
+    """Cumulative sum of x [T, ...] along dim 0 restarting at every chunk of every sequence.
+
+    Sequence i covers rows [starts[i], starts[i] + lengths[i]); its chunks start at its
+    first row (fla's chunk_local_cumsum with cu_seqlens).  Rows outside every sequence
+    are returned unchanged.
+    """
+    out = x.clone()
+    for s0, n in zip(starts, lengths):
+        for c0 in range(s0, s0 + n, chunk_size):
+            c1 = min(c0 + chunk_size, s0 + n)
+            out[c0:c1] = x[c0:c1].cumsum(0)
+    return out
+
+
+def make_inputs(
+    B: int,
+    T: int | None,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    dtype: torch.dtype = torch.bfloat16,
+    gate: str | None = "gk",
+    varlen_lengths: list[int] | None = None,
+    dht: bool = True,
+    h0: bool = True,
+    state_v_first: bool = False,
+    device: str | torch.device = "cpu",
+    *,
+    chunk_size: int = 64,
+    generator: torch.Generator | None = None,
+) -> dict:
+    """Fresh random keyword arguments for ``chunk_gated_delta_rule_bwd_dhu``.
+
+    * gate: None (delta rule), "g" (scalar gate, GDN) or "gk" (per-K gate, KDA).
+      Gates are fp32 chunk-local cumulative sums of per-token log2 decays in about
+      (-0.15, 0) (``-softplus`` shaped), so exp2(gate) lies in (0, 1], like fla's.
+    * varlen_lengths: packs sequences of these lengths at B == 1 and returns
+      ``cu_seqlens`` (int64).  ``T`` may be None (= sum of lengths) or larger than the
+      sum: a padded packed batch whose padding rows hold large random garbage that no
+      implementation may read.
+    * q, k are L2-normalized per head (fla's use_qk_l2norm), w is small (|w_t| ~ 0.25),
+      do, dv standard normal: the reverse scan stays O(1) over long sequences.
+    * dht / h0: fp32, [N, HV, K, V] ([N, HV, V, K] with state_v_first), or None.
+    * scale = K ** -0.5.
+
+    Random numbers come from ``generator`` (a CPU torch.Generator) or torch's global
+    RNG; tensors are drawn on the CPU and then moved to ``device`` so a seed gives the
+    same inputs on every device.
+    """
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    if HV % H:
+        raise ValueError(f"H ({H}) must divide HV ({HV})")
+    gen = generator
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+    if varlen_lengths is not None:
+        if B != 1:
+            raise ValueError("varlen inputs need B == 1")
+        total = sum(varlen_lengths)
+        T = total if T is None else T
+        if T < total:
+            raise ValueError(f"T = {T} < sum(varlen_lengths) = {total}")
+        cu = [0]
+        for n in varlen_lengths:
+            cu.append(cu[-1] + n)
+        N, lengths, starts = len(varlen_lengths), list(varlen_lengths), cu[:-1]
+    else:
+        if T is None:
+            raise ValueError("T is required without varlen_lengths")
+        cu, N, lengths, starts = None, B, [T] * B, None
+
+    q = F.normalize(randn(B, T, H, K), dim=-1)
+    k = F.normalize(randn(B, T, H, K), dim=-1)
+    w = 0.25 * F.normalize(randn(B, T, HV, K), dim=-1)
+    do = randn(B, T, HV, V)
+    dv = randn(B, T, HV, V)
+
+    g = gk = None
+    if gate is not None:
+        gshape = (B, T, HV) if gate == "g" else (B, T, HV, K)
+        # per-token log2 decay in (-0.15, 0): -softplus(x - 3) / ln 2 / 2 is ~ -0.035 typical
+        step = -F.softplus(randn(*gshape) - 3.0) / math.log(2) / 2
+        step = step.clamp(min=-0.15)
+        if cu is None:
+            cs = torch.stack([_chunk_local_cumsum(step[b], [T], [0], chunk_size) for b in range(B)])
+        else:
+            cs = _chunk_local_cumsum(step[0], lengths, starts, chunk_size)[None]
+        if gate == "g":
+            g = cs
+        else:
+            gk = cs
+
+    state = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    dht_t = randn(*state) if dht else None
+    h0_t = randn(*state) if h0 else None
+
+    if cu is not None and T > cu[-1]:
+        # padding rows of a padded packed batch: garbage nobody may read
+        for x in (q, k, w, do, dv):
+            x[:, cu[-1]:] = 1e4 * randn(*x[:, cu[-1]:].shape)
+        for x in (g, gk):
+            if x is not None:
+                x[:, cu[-1]:] = 50.0  # exp2(50) would blow up anything that reads it
+
+    def to(x: torch.Tensor | None, dt: torch.dtype | None) -> torch.Tensor | None:
+        if x is None:
+            return None
+        return x.to(device=device, dtype=dt if dt is not None else x.dtype)
+
+    return dict(
+        q=to(q, dtype), k=to(k, dtype), w=to(w, dtype), do=to(do, dtype), dv=to(dv, dtype),
+        g=to(g, torch.float32), gk=to(gk, torch.float32),
+        h0=to(h0_t, torch.float32), dht=to(dht_t, torch.float32),
+        scale=K ** -0.5, state_v_first=state_v_first,
+        cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.long, device=device),
+        chunk_size=chunk_size,
+    )
+
+
+def naive_bwd_dhu(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
+                  state_v_first=False, cu_seqlens=None, chunk_size=64, round_dtype=None, **_):
+    """Independent, deliberately plain implementation: loops over sequences, heads, chunks
+    and tokens, one token's vectors at a time, in float64.
+
+    If ``round_dtype`` is given, b is rounded to it before each k[t] @ b and dv2[t]
+    before it enters the b update (fla's two operand casts).  Returns (dh, dh0, dv2)
+    shaped like fla's outputs, float64.
+    """
+    f = torch.float64
+    B, T, H, K = q.shape
+    HV, V = do.shape[2], do.shape[3]
+    BT = chunk_size
+    scale = K ** -0.5 if scale is None else scale
+    rnd = (lambda x: x.to(round_dtype).to(f)) if round_dtype is not None else (lambda x: x)
+    if cu_seqlens is None:
+        seqs = [(b, 0, T) for b in range(B)]
+    else:
+        cu = cu_seqlens.tolist()
+        seqs = [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+    nts = [-(-(e - s) // BT) for _, s, e in seqs]
+    NT = -(-T // BT) if cu_seqlens is None else sum(nts)
+    dh = torch.zeros(B, NT, HV, K, V, dtype=f)
+    dv2 = torch.zeros(B, T, HV, V, dtype=f)
+    dh0 = torch.zeros(len(seqs), HV, K, V, dtype=f)
+    base = 0
+    for n, (bi, s0, e0) in enumerate(seqs):
+        for h in range(HV):
+            hq = h // (HV // H)
+            if dht is None:
+                b = torch.zeros(K, V, dtype=f)
+            else:
+                b = dht[n, h].to(f)
+                if state_v_first:
+                    b = b.t()
+                b = b.clone()
+            chunk_starts = list(range(s0, e0, BT))
+            for ci in reversed(range(len(chunk_starts))):
+                cs = chunk_starts[ci]
+                ce = min(cs + BT, e0)
+                off = ci if cu_seqlens is None else base + ci
+                dh[bi, off, h] = b
+                upd = torch.zeros(K, V, dtype=f)
+                for t in range(cs, ce):
+                    kt = k[bi, t, hq].to(f)
+                    val = kt @ rnd(b)
+                    if g is not None:
+                        val = val * 2.0 ** (float(g[bi, ce - 1, h]) - float(g[bi, t, h]))
+                    val = val + dv[bi, t, h].to(f)
+                    dv2[bi, t, h] = val
+                    qt = q[bi, t, hq].to(f)
+                    if g is not None:
+                        qt = qt * 2.0 ** float(g[bi, t, h])
+                    upd += scale * torch.outer(qt, do[bi, t, h].to(f))
+                    upd -= torch.outer(w[bi, t, h].to(f), rnd(val))
+                if g is not None:
+                    b = b * 2.0 ** float(g[bi, ce - 1, h])
+                if gk is not None:
+                    decay = torch.tensor([2.0 ** float(x) for x in gk[bi, ce - 1, h]], dtype=f)
+                    b = decay[:, None] * b
+                b = b + upd
+            dh0[n, h] = b
+        base += nts[n]
+    if state_v_first:
+        dh = dh.transpose(-1, -2)
+        dh0 = dh0.transpose(-1, -2)
+    return dh, (dh0 if h0 is not None else None), dv2
