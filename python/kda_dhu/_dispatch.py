@@ -17,6 +17,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._selfcheck import SelfCheck, signature_of
+
 try:
     from . import _core
 except ImportError as _err:  # a source checkout without the compiled extension
@@ -141,6 +143,17 @@ def _alloc(shape, dtype, device, use_graph: bool, name: str):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+# The sm_100a kernel has never run on real hardware: guard it (see _selfcheck).
+SM100_CHECK = SelfCheck("sm_100a")
+
+
+def _guarded(reason: str, sig, run_kernel, run_fla):
+    """Run the planned kernel; on an architecture whose kernel is unverified, self-check it."""
+    if reason == "kernel-sm100a":
+        return SM100_CHECK.run(sig, run_kernel, run_fla)
+    return run_kernel()
+
+
 def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indices,
                 chunk_offsets, use_graph, poison=False):
     B, T, H, K = q.shape
@@ -241,19 +254,25 @@ def chunk_gated_delta_rule_bwd_dhu(
     same arguments, so results match fla's to rounding either way.
     """
     scale = _default_scale(q, scale)
+
+    def run_fla():
+        return fla_function()(
+            q=q, k=k, w=w, do=do, dv=dv, g=g, gk=gk, h0=h0, dht=dht, scale=scale,
+            state_v_first=state_v_first, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, use_graph=use_graph)
+
     with _device_ctx(q):
-        use_kernel, _reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
-                                      state_v_first, cu_seqlens, chunk_size, chunk_offsets)
-        out = None
+        use_kernel, reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
+                                     state_v_first, cu_seqlens, chunk_size, chunk_offsets)
         if use_kernel:
-            out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
-                              chunk_indices, chunk_offsets, use_graph)
-        if out is not None:
-            return out
-    return fla_function()(
-        q=q, k=k, w=w, do=do, dv=dv, g=g, gk=gk, h0=h0, dht=dht, scale=scale,
-        state_v_first=state_v_first, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-        chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, use_graph=use_graph)
+            def run_kernel():
+                out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
+                                  chunk_indices, chunk_offsets, use_graph)
+                return run_fla() if out is None else out
+
+            sig = signature_of(q, k, w, do, dv, g, gk, h0, dht, cu_seqlens, entry="extended")
+            return _guarded(reason, sig, run_kernel, run_fla)
+    return run_fla()
 
 
 chunk_gated_delta_rule_bwd_dhu._kda_dhu_entry = True
@@ -272,14 +291,21 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
     Returns (dh [B, NT, HV, K, V] in qg's dtype, dh0 fp32 or None if h0 is None, dv2).
     Raises as ``chunk_gated_delta_rule_bwd_dhu`` does.
     """
+    def run_fla():
+        return fla_function()(q=qg, k=kg, w=w, gk=g2, h0=h0, dht=dht, do=do, dv=dv,
+                              scale=scale, chunk_size=chunk_size)
+
     with _device_ctx(qg):
-        use_kernel, _reason = _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False,
-                                      None, chunk_size, None)
+        use_kernel, reason = _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False,
+                                     None, chunk_size, None)
         if use_kernel:
-            return _run_kernel(qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None,
-                               False)
-    return fla_function()(q=qg, k=kg, w=w, gk=g2, h0=h0, dht=dht, do=do, dv=dv,
-                          scale=scale, chunk_size=chunk_size)
+            def run_kernel():
+                return _run_kernel(qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None,
+                                   False)
+
+            sig = signature_of(qg, kg, w, do, dv, g2, h0, dht, entry="b2a")
+            return _guarded(reason, sig, run_kernel, run_fla)
+    return run_fla()
 
 
 def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> Tuple[bool, str]:
