@@ -3,6 +3,7 @@
 Public API:
     chunk_gated_delta_rule_bwd_dhu(...)  fla's full signature; kernel where it covers the call
     kda_dhu_b2a(...)                     the seed's dispatcher, its exact rule
+    chunk_gated_delta_rule_bwd_dhu_op()  the same through a torch custom op (torch.compile)
     plan_call(...), plan_b2a(...)        the planner's verdict (kernel or fallback, and why)
     patch(), unpatch(), patched()        reversible monkeypatch of fla's modules
     register_backend()                   kda-dhu as a backend in fla's registry (fla >= 0.6)
@@ -40,6 +41,7 @@ def cuda_status():
 
 
 from .fla_backend import register_backend, unregister_backend
+from .ops import chunk_gated_delta_rule_bwd_dhu_op
 from .patch import is_patched, patch, patched, unpatch
 
 if _os.environ.get("KDA_DHU_NO_AUTOREGISTER", "0") == "0":
@@ -54,6 +56,7 @@ if _os.environ.get("KDA_DHU_NO_AUTOREGISTER", "0") == "0":
 __all__ = [
     "chunk_gated_delta_rule_bwd_dhu",
     "kda_dhu_b2a",
+    "chunk_gated_delta_rule_bwd_dhu_op",
     "plan_call",
     "plan_b2a",
     "fla_function",
