@@ -15,7 +15,7 @@ mode=all
 case "${1:-}" in --bench-only) mode=bench; shift;; --tests-only) mode=tests; shift;; esac
 rc=0
 if [ "$mode" != bench ]; then
-  python3 -m pytest tests -q --maxfail=8 -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
+  python3 -m pytest tests -q --maxfail=8 -m gpu -p no:cacheprovider --timeout=180 "$@" 2>&1 | tee "$OUT/pytest.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$mode" != tests ]; then
