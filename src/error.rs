@@ -1,6 +1,6 @@
 //! The one error type of the host core. Every message names the argument and what was
 //! expected; `lib.rs` maps the kinds to Python exceptions in one place:
-//! TypeError for `NotTensor` / `Dtype`, ValueError for `Shape` / `Layout` / `Value` /
+//! TypeError for `NotTensor` / `Dtype` / `Type`, ValueError for `Shape` / `Layout` / `Value` /
 //! `Device` / `NotPlanned`, RuntimeError for `NoDriver` / `Cuda` / `Internal`.
 
 use std::fmt;
@@ -11,6 +11,8 @@ pub enum Error {
     NotTensor { arg: &'static str, got: String },
     /// Wrong element type (TypeError).
     Dtype { arg: &'static str, msg: String },
+    /// A scalar argument of the wrong Python type, e.g. `scale="x"` (TypeError).
+    Type { arg: &'static str, msg: String },
     /// Wrong rank or extent (ValueError).
     Shape { arg: &'static str, msg: String },
     /// Strides or alignment that are errors, not just "needs a copy" (ValueError).
@@ -41,7 +43,7 @@ pub enum PyKind {
 impl Error {
     pub fn py_kind(&self) -> PyKind {
         match self {
-            Error::NotTensor { .. } | Error::Dtype { .. } => PyKind::TypeError,
+            Error::NotTensor { .. } | Error::Dtype { .. } | Error::Type { .. } => PyKind::TypeError,
             Error::Shape { .. }
             | Error::Layout { .. }
             | Error::Value { .. }
@@ -53,6 +55,9 @@ impl Error {
 
     pub fn dtype(arg: &'static str, msg: impl Into<String>) -> Self {
         Error::Dtype { arg, msg: msg.into() }
+    }
+    pub fn type_(arg: &'static str, msg: impl Into<String>) -> Self {
+        Error::Type { arg, msg: msg.into() }
     }
     pub fn shape(arg: &'static str, msg: impl Into<String>) -> Self {
         Error::Shape { arg, msg: msg.into() }
@@ -75,6 +80,7 @@ impl fmt::Display for Error {
                 write!(f, "{arg}: expected a tensor (an object with __dlpack__), got {got}")
             }
             Error::Dtype { arg, msg }
+            | Error::Type { arg, msg }
             | Error::Shape { arg, msg }
             | Error::Layout { arg, msg }
             | Error::Value { arg, msg }
@@ -101,6 +107,7 @@ mod tests {
     fn kinds_map_to_the_documented_exceptions() {
         assert_eq!(Error::dtype("w", "x").py_kind(), PyKind::TypeError);
         assert_eq!(Error::NotTensor { arg: "q", got: "int".into() }.py_kind(), PyKind::TypeError);
+        assert_eq!(Error::type_("scale", "x").py_kind(), PyKind::TypeError);
         assert_eq!(Error::shape("q", "x").py_kind(), PyKind::ValueError);
         assert_eq!(Error::layout("q", "x").py_kind(), PyKind::ValueError);
         assert_eq!(Error::value("scale", "x").py_kind(), PyKind::ValueError);
@@ -115,5 +122,7 @@ mod tests {
         let e = Error::dtype("w", "expected dtype bfloat16 like q, got float16");
         assert_eq!(e.to_string(), "w: expected dtype bfloat16 like q, got float16");
         assert_eq!(Error::NoDriver.to_string(), "no CUDA driver (libcuda) found");
+        let e = Error::type_("scale", "expected a float or None, got str");
+        assert_eq!(e.to_string(), "scale: expected a float or None, got str");
     }
 }

@@ -53,6 +53,67 @@ fn guard<T>(f: impl FnOnce() -> error::Result<T>) -> PyResult<T> {
     }
 }
 
+/// An argument read as a plain Python object, so that its conversion errors follow the
+/// "arg: expected ..." convention (PyO3's own say "argument 'arg': ..." or, for an int
+/// too large for i64, nothing about the argument). `Arg(None)`: not passed.
+struct Arg<'py>(Option<Bound<'py, PyAny>>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Arg<'py> {
+    type Error = PyErr;
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Arg(Some(obj.to_owned())))
+    }
+}
+
+const NOT_PASSED: Arg<'static> = Arg(None);
+
+fn py_type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into())
+}
+
+/// `scale`: None, or anything Python's float() takes except str/bytes (int, float,
+/// numpy scalars, a one-element tensor). Finiteness is checked by `validate`.
+fn scale_arg(obj: Option<&Bound<'_, PyAny>>) -> error::Result<Option<f64>> {
+    let Some(o) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let py = o.py();
+    let is_text = o.is_instance_of::<pyo3::types::PyString>() || o.is_instance_of::<pyo3::types::PyBytes>();
+    if !is_text {
+        match o.extract::<f64>() {
+            Ok(x) => return Ok(Some(x)),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) => {
+                return Err(Error::value("scale", format!("expected a finite float, got {} (too large for float64)", py_type_name(o))));
+            }
+            Err(_) => {}
+        }
+    }
+    Err(Error::type_("scale", format!("expected a float or None, got {}", py_type_name(o))))
+}
+
+/// `chunk_size`: a Python int (anything with __index__: int, numpy ints; not float or str).
+/// Not passed: 64. The range (>= 1) is checked by `validate`.
+fn chunk_size_arg(arg: &Arg<'_>) -> error::Result<i64> {
+    let Some(o) = &arg.0 else { return Ok(64) };
+    let py = o.py();
+    if o.is_instance_of::<pyo3::types::PyFloat>() || o.is_none() || !o.hasattr(pyo3::intern!(py, "__index__")).unwrap_or(false) {
+        return Err(Error::type_("chunk_size", format!("expected an int, got {}", py_type_name(o))));
+    }
+    o.extract::<i64>().map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+            let v = o.str().map(|s| s.to_string()).unwrap_or_default();
+            Error::value("chunk_size", format!("expected a positive int that fits in int64, got {v}"))
+        } else {
+            Error::type_("chunk_size", format!("expected an int, got {}", py_type_name(o)))
+        }
+    })
+}
+
+/// `state_v_first`: a bool (Python's or numpy's). Not passed or None: False.
+fn state_v_first_arg(arg: &Arg<'_>) -> error::Result<bool> {
+    let Some(o) = arg.0.as_ref().filter(|o| !o.is_none()) else { return Ok(false) };
+    o.extract::<bool>()
+        .map_err(|_| Error::type_("state_v_first", format!("expected a bool, got {}", py_type_name(o))))
+}
+
 /// fla's arguments, read through DLPack (the signature order of
 /// `chunk_gated_delta_rule_bwd_dhu`).
 #[allow(clippy::too_many_arguments)]
@@ -66,12 +127,16 @@ fn call_args(
     gk: Option<&Bound<'_, PyAny>>,
     h0: Option<&Bound<'_, PyAny>>,
     dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<f64>,
-    state_v_first: bool,
+    scale: Option<&Bound<'_, PyAny>>,
+    state_v_first: &Arg<'_>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: i64,
+    chunk_size: &Arg<'_>,
     chunk_offsets: Option<&Bound<'_, PyAny>>,
 ) -> error::Result<CallArgs> {
+    // Scalars first: a bad scalar is reported even when the tensors are fine.
+    let scale = scale_arg(scale)?;
+    let state_v_first = state_v_first_arg(state_v_first)?;
+    let chunk_size = chunk_size_arg(chunk_size)?;
     Ok(CallArgs {
         q: TensorMeta::from_py(q, "q")?,
         k: TensorMeta::from_py(k, "k")?,
@@ -98,7 +163,7 @@ fn call_args(
 /// Validates a call like fla's `chunk_gated_delta_rule_bwd_dhu` would take it, without
 /// the device check (works on CPU tensors). Raises TypeError / ValueError; returns None.
 #[pyfunction]
-#[pyo3(name = "validate", signature = (q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=false, cu_seqlens=None, chunk_size=64, chunk_offsets=None))]
+#[pyo3(name = "validate", signature = (q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_offsets=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_validate(
     q: &Bound<'_, PyAny>,
@@ -110,14 +175,14 @@ fn py_validate(
     gk: Option<&Bound<'_, PyAny>>,
     h0: Option<&Bound<'_, PyAny>>,
     dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<f64>,
-    state_v_first: bool,
+    scale: Option<&Bound<'_, PyAny>>,
+    state_v_first: Arg<'_>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: i64,
+    chunk_size: Arg<'_>,
     chunk_offsets: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     guard(|| {
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets)?;
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
         validate::validate(&a, false).map(|_| ())
     })
 }
@@ -125,7 +190,7 @@ fn py_validate(
 /// Full validation (device included) and the plan under `rule` ("b2a", "extended" or "capable"):
 /// (True, "kernel-sm90a") or (False, reason).
 #[pyfunction]
-#[pyo3(name = "plan", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=false, cu_seqlens=None, chunk_size=64, chunk_offsets=None))]
+#[pyo3(name = "plan", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_offsets=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_plan(
     rule: &str,
@@ -138,16 +203,16 @@ fn py_plan(
     gk: Option<&Bound<'_, PyAny>>,
     h0: Option<&Bound<'_, PyAny>>,
     dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<f64>,
-    state_v_first: bool,
+    scale: Option<&Bound<'_, PyAny>>,
+    state_v_first: Arg<'_>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: i64,
+    chunk_size: Arg<'_>,
     chunk_offsets: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(bool, String)> {
     guard(|| {
         let rule = Rule::parse(rule)
-            .ok_or_else(|| Error::value("rule", format!("expected 'b2a' or 'extended', got {rule:?}")))?;
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets)?;
+            .ok_or_else(|| Error::value("rule", format!("expected 'b2a', 'extended' or 'capable', got {rule:?}")))?;
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
         let (_, p) = launch::plan_call(&a, rule)?;
         Ok(p.describe())
     })
@@ -169,10 +234,10 @@ fn py_launch(
     gk: Option<&Bound<'_, PyAny>>,
     h0: Option<&Bound<'_, PyAny>>,
     dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<f64>,
-    state_v_first: bool,
+    scale: Option<&Bound<'_, PyAny>>,
+    state_v_first: Arg<'_>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: i64,
+    chunk_size: Arg<'_>,
     chunk_offsets: Option<&Bound<'_, PyAny>>,
     dh: &Bound<'_, PyAny>,
     dh0: Option<&Bound<'_, PyAny>>,
@@ -180,7 +245,7 @@ fn py_launch(
     stream: u64,
 ) -> PyResult<()> {
     guard(|| {
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets)?;
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
         let o = Outputs {
             dh: TensorMeta::from_py(dh, "dh")?,
             dh0: TensorMeta::from_py_opt(dh0, "dh0")?,

@@ -60,20 +60,31 @@ impl fmt::Display for DType {
             DType::I32 => f.write_str("int32"),
             DType::I64 => f.write_str("int64"),
             DType::Other { code, bits, lanes } => {
-                let kind = match code {
-                    0 => "int",
-                    1 => "uint",
-                    2 => "float",
-                    4 => "bfloat",
-                    5 => "complex",
-                    6 => "bool",
-                    _ => "dlpack-code-",
+                // DLPack's DLDataTypeCode; the sub-byte and 8-bit float formats are named
+                // as torch names them (float8_e4m3fn, ...).
+                let named = match code {
+                    0 => format!("int{bits}"),
+                    1 => format!("uint{bits}"),
+                    2 => format!("float{bits}"),
+                    3 => "opaque handle".to_string(),
+                    4 => format!("bfloat{bits}"),
+                    5 => format!("complex{bits}"),
+                    6 if *bits == 8 => "bool".to_string(),
+                    6 => format!("bool{bits}"),
+                    7 => "float8_e3m4".to_string(),
+                    8 => "float8_e4m3".to_string(),
+                    9 => "float8_e4m3b11fnuz".to_string(),
+                    10 => "float8_e4m3fn".to_string(),
+                    11 => "float8_e4m3fnuz".to_string(),
+                    12 => "float8_e5m2".to_string(),
+                    13 => "float8_e5m2fnuz".to_string(),
+                    14 => "float8_e8m0fnu".to_string(),
+                    15 => "float6_e2m3fn".to_string(),
+                    16 => "float6_e3m2fn".to_string(),
+                    17 => "float4_e2m1fn".to_string(),
+                    _ => format!("DLPack type code {code} ({bits} bits)"),
                 };
-                if *code > 6 {
-                    write!(f, "{kind}{code} ({bits} bits)")?;
-                } else {
-                    write!(f, "{kind}{bits}")?;
-                }
+                f.write_str(&named)?;
                 if *lanes != 1 {
                     write!(f, "x{lanes}")?;
                 }
@@ -202,11 +213,12 @@ pub fn fmt_shape(shape: &[i64]) -> String {
 /// DLPack intake (the only PyO3 code outside lib.rs).
 mod py {
     use super::*;
+    use dlpack_rs::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
     use dlpack_rs::pyo3_glue::PyTensor;
     use pyo3::intern;
     use pyo3::prelude::*;
     use pyo3::sync::PyOnceLock;
-    use pyo3::types::{PyDict, PyType};
+    use pyo3::types::{PyCapsule, PyDict, PyType};
 
     /// Hands a capsule made elsewhere to `PyTensor::from_pyany`, which asks its argument
     /// for `__dlpack__()`.
@@ -255,6 +267,91 @@ mod py {
             .ok()
     }
 
+    /// "list", "numpy.float32", "mymodule.Thing": the type of `obj` for messages.
+    fn type_name(obj: &Bound<'_, PyAny>) -> String {
+        obj.get_type()
+            .fully_qualified_name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "an object".to_string())
+    }
+
+    /// torch's lazy negation (`x.is_neg()`, e.g. from `z.conj().imag`) is not in DLPack:
+    /// both torch exporters hand out the un-negated memory, so reading it through the
+    /// capsule would silently flip the sign. Refused, naming the fix.
+    fn refuse_neg_bit(obj: &Bound<'_, PyAny>, arg: &'static str) -> Result<()> {
+        let py = obj.py();
+        let neg = obj
+            .call_method0(intern!(py, "is_neg"))
+            .and_then(|r| r.is_truthy())
+            .unwrap_or(false);
+        if neg {
+            return Err(Error::layout(
+                arg,
+                "expected a tensor without torch's lazy negation bit (is_neg() is True; DLPack \
+                 cannot carry it), pass x.resolve_neg()",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Most dimensions accepted from a DLPack producer (torch's own limit is 64); a
+    /// larger or negative `ndim` is a broken producer, and reading `ndim` shape entries
+    /// would read past its arrays.
+    pub(super) const MAX_NDIM: i32 = 64;
+
+    /// Checks the capsule `__dlpack__()` returned before dlpack-rs reads it: a capsule
+    /// named "dltensor" (or "dltensor_versioned" of DLPack 1.x), not already consumed,
+    /// with 0 <= ndim <= 64 and a shape array when ndim > 0. A capsule refused here is
+    /// not consumed: its own destructor frees it.
+    fn check_capsule(cap: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, arg: &'static str) -> Result<()> {
+        let Ok(cap) = cap.cast::<PyCapsule>() else {
+            return Err(Error::NotTensor {
+                arg,
+                got: format!("{} whose __dlpack__() returned {}, not a DLPack capsule", type_name(obj), type_name(cap)),
+            });
+        };
+        let bad = |msg: String| Error::value(arg, msg);
+        let name = cap.name().map_err(|e| bad(format!("__dlpack__() returned an unreadable capsule: {e}")))?;
+        let Some(name) = name else {
+            return Err(bad("__dlpack__() returned a capsule without a name, expected \"dltensor\"".into()));
+        };
+        // SAFETY: the name of a live capsule, read before anything renames it.
+        let name = unsafe { name.as_cstr() };
+        let ptr = |name: &std::ffi::CStr| {
+            cap.pointer_checked(Some(name))
+                .map_err(|e| bad(format!("__dlpack__() returned a capsule without a pointer: {e}")))
+        };
+        let dl: &DLTensor = if name == c"dltensor" {
+            let p = ptr(name)?;
+            // SAFETY: a "dltensor" capsule holds a DLManagedTensor (the DLPack protocol).
+            unsafe { &(*(p.as_ptr() as *const DLManagedTensor)).dl_tensor }
+        } else if name == c"dltensor_versioned" {
+            let p = ptr(name)?.as_ptr() as *const DLManagedTensorVersioned;
+            // SAFETY: a "dltensor_versioned" capsule holds a DLManagedTensorVersioned whose
+            // leading `version` field is stable across DLPack versions.
+            let version = unsafe { (*p).version };
+            if version.major != 1 {
+                return Err(bad(format!(
+                    "__dlpack__() returned a DLPack {}.{} tensor, expected DLPack 1.x or the legacy capsule",
+                    version.major, version.minor
+                )));
+            }
+            // SAFETY: DLPack 1.x layout.
+            unsafe { &(*p).dl_tensor }
+        } else if name == c"used_dltensor" || name == c"used_dltensor_versioned" {
+            return Err(bad("__dlpack__() returned a capsule that was already consumed".into()));
+        } else {
+            return Err(bad(format!("__dlpack__() returned a capsule named {name:?}, expected \"dltensor\"")));
+        };
+        if !(0..=MAX_NDIM).contains(&dl.ndim) {
+            return Err(Error::shape(arg, format!("expected 0 <= ndim <= {MAX_NDIM} from DLPack, got ndim = {}", dl.ndim)));
+        }
+        if dl.ndim > 0 && dl.shape.is_null() {
+            return Err(bad(format!("DLPack shape pointer is NULL for a {}-D tensor", dl.ndim)));
+        }
+        Ok(())
+    }
+
     impl TensorMeta {
         /// Reads `obj` through DLPack (`obj.__dlpack__()` without a stream argument: no
         /// synchronization; plain torch tensors through torch's C exporter, see `Torch`).
@@ -266,52 +363,52 @@ mod py {
             if obj.is_none() {
                 return Err(Error::NotTensor { arg, got: "None".into() });
             }
-            let holder;
-            let detached;
-            let source: &Bound<'_, PyAny> = match torch(py) {
+            let torch = torch(py);
+            let cap = match torch {
                 Some(t) if obj.get_type().is(&t.tensor) || obj.get_type().is(&t.parameter) => {
-                    let cap = t
-                        .to_dlpack
+                    refuse_neg_bit(obj, arg)?;
+                    t.to_dlpack
                         .bind(py)
                         .call1((obj,))
-                        .map_err(|e| Error::value(arg, format!("torch.utils.dlpack.to_dlpack failed: {e}")))?;
-                    holder = Bound::new(py, Capsule(cap.unbind()))
-                        .map_err(|e| Error::Internal(format!("{arg}: {e}")))?
-                        .into_any();
-                    &holder
+                        .map_err(|e| Error::value(arg, format!("torch.utils.dlpack.to_dlpack failed: {e}")))?
                 }
                 _ => {
                     if !obj.hasattr(intern!(py, "__dlpack__")).unwrap_or(false) {
-                        let got = obj
-                            .get_type()
-                            .name()
-                            .map(|n| n.to_string())
-                            .unwrap_or_else(|_| "an object".to_string());
-                        return Err(Error::NotTensor { arg, got });
+                        return Err(Error::NotTensor { arg, got: type_name(obj) });
+                    }
+                    if torch.is_some_and(|t| obj.is_instance(t.tensor.bind(py)).unwrap_or(false)) {
+                        refuse_neg_bit(obj, arg)?;
                     }
                     // A torch subclass that requires grad: __dlpack__ refuses it; the
                     // data is the same without the autograd flag.
                     let needs_detach = obj
                         .getattr(intern!(py, "requires_grad"))
                         .is_ok_and(|r| r.is_truthy().unwrap_or(false));
-                    if needs_detach {
-                        detached = obj.call_method0(intern!(py, "detach")).map_err(|e| {
+                    let source = if needs_detach {
+                        obj.call_method0(intern!(py, "detach")).map_err(|e| {
                             Error::value(arg, format!("requires grad and detach() failed: {e}"))
-                        })?;
-                        &detached
+                        })?
                     } else {
-                        obj
-                    }
+                        obj.clone()
+                    };
+                    source
+                        .call_method0(intern!(py, "__dlpack__"))
+                        .map_err(|e| Error::value(arg, format!("__dlpack__() failed: {e}")))?
                 }
             };
-            let t = PyTensor::from_pyany(py, source)
+            check_capsule(&cap, obj, arg)?;
+            let holder = Bound::new(py, Capsule(cap.unbind()))
+                .map_err(|e| Error::Internal(format!("{arg}: {e}")))?
+                .into_any();
+            let t = PyTensor::from_pyany(py, &holder)
                 .map_err(|e| Error::value(arg, format!("__dlpack__() failed: {e}")))?;
             let dt = t.dtype();
             let dev = t.device();
             Ok(TensorMeta {
                 ptr: (t.data_ptr() as u64).wrapping_add(t.byte_offset()),
-                shape: t.shape().to_vec(),
-                strides: t.strides().map(|s| s.to_vec()),
+                // A 0-D tensor's shape and strides may be NULL (DLPack): not read.
+                shape: if t.ndim() == 0 { Vec::new() } else { t.shape().to_vec() },
+                strides: if t.ndim() == 0 { None } else { t.strides().map(|s| s.to_vec()) },
                 dtype: DType::from_dlpack(dt.code, dt.bits, dt.lanes),
                 device: Device::from_dlpack(dev.device_type, dev.device_id),
             })
@@ -368,8 +465,18 @@ mod tests {
         assert_eq!(DType::from_dlpack(2, 32, 1), DType::F32);
         assert_eq!(DType::from_dlpack(0, 64, 1), DType::I64);
         assert_eq!(DType::from_dlpack(0, 8, 1).to_string(), "int8");
-        assert_eq!(DType::from_dlpack(6, 8, 1).to_string(), "bool8");
         assert_eq!(DType::BF16.to_string(), "bfloat16");
+        // Types torch exports that the op refuses, named as torch names them.
+        assert_eq!(DType::from_dlpack(6, 8, 1).to_string(), "bool");
+        assert_eq!(DType::from_dlpack(10, 8, 1).to_string(), "float8_e4m3fn");
+        assert_eq!(DType::from_dlpack(12, 8, 1).to_string(), "float8_e5m2");
+        assert_eq!(DType::from_dlpack(14, 8, 1).to_string(), "float8_e8m0fnu");
+        assert_eq!(DType::from_dlpack(17, 4, 1).to_string(), "float4_e2m1fn");
+        assert_eq!(DType::from_dlpack(5, 64, 1).to_string(), "complex64");
+        assert_eq!(DType::from_dlpack(1, 8, 1).to_string(), "uint8");
+        assert_eq!(DType::from_dlpack(4, 16, 2).to_string(), "bfloat16x2");
+        assert_eq!(DType::from_dlpack(3, 64, 1).to_string(), "opaque handle");
+        assert_eq!(DType::from_dlpack(99, 16, 1).to_string(), "DLPack type code 99 (16 bits)");
         assert_eq!(Device::from_dlpack(1, 0).to_string(), "cpu");
         assert_eq!(Device::from_dlpack(2, 3).to_string(), "cuda:3");
         assert!(Device::from_dlpack(13, 0).is_cuda());

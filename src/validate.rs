@@ -137,6 +137,21 @@ const FLOATS_WORDS: &str = "bfloat16, float16 or float32";
 const INDEX: &[DType] = &[DType::I64, DType::I32];
 const INDEX_WORDS: &str = "int64 or int32";
 
+/// Every extent >= 0 and numel * element size <= i64::MAX.
+fn extents_fit(t: &TensorMeta) -> bool {
+    let mut bytes = t.dtype.size_bytes().max(1) as i64;
+    for &d in &t.shape {
+        if d < 0 {
+            return false;
+        }
+        match bytes.checked_mul(d) {
+            Some(b) => bytes = b,
+            None => return false,
+        }
+    }
+    true
+}
+
 /// Every tensor argument with its name, in fla's order (chunk_offsets only with
 /// cu_seqlens: fla ignores it otherwise).
 fn named_tensors(a: &CallArgs) -> Vec<(&'static str, &TensorMeta)> {
@@ -158,6 +173,20 @@ fn named_tensors(a: &CallArgs) -> Vec<(&'static str, &TensorMeta)> {
 /// Validates a call. `check_device`: also require every tensor on one CUDA device
 /// (the full check, used by planning and launching; `validate()` on CPU skips it).
 pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
+    // ---- extents: what any real producer gives (guards the arithmetic below and in
+    // the planner against a broken DLPack producer's shapes) ----
+    for (name, t) in named_tensors(a) {
+        if !extents_fit(t) {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "expected non-negative extents whose size in bytes fits in int64, got shape {}",
+                    fmt_shape(&t.shape)
+                ),
+            ));
+        }
+    }
+
     // ---- shapes ----
     expect_rank(&a.q, "q", 4, "[B, T, H, K]")?;
     let (b, t, h, k) = (a.q.shape[0], a.q.shape[1], a.q.shape[2], a.q.shape[3]);
@@ -291,9 +320,17 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
     if a.chunk_size < 1 {
         return Err(Error::value("chunk_size", format!("expected a positive int, got {}", a.chunk_size)));
     }
+    // The kernels (and fla's Triton kernel) take scale as a float32: a float64 beyond
+    // float32's range would become inf there.
     let scale = match a.scale {
         None => (k as f64).powf(-0.5),
-        Some(s) if s.is_finite() => s,
+        Some(s) if s.is_finite() && s.abs() <= f32::MAX as f64 => s,
+        Some(s) if s.is_finite() => {
+            return Err(Error::value(
+                "scale",
+                format!("expected a finite float (within float32's range, as the kernel applies it), got {s:e}"),
+            ))
+        }
         Some(s) => return Err(Error::value("scale", format!("expected a finite float, got {}", fmt_f64(s)))),
     };
 
@@ -673,6 +710,137 @@ pub(crate) mod tests {
         assert!(!w.contiguous);
         let dv = d.layouts.iter().find(|l| l.name == "dv").unwrap();
         assert!(!dv.aligned16 && dv.needs_align16);
+    }
+
+    #[test]
+    fn scale_must_fit_in_float32() {
+        let mut a = base();
+        a.scale = Some(1e300);
+        let e = err(&a);
+        assert_eq!(
+            e.to_string(),
+            "scale: expected a finite float (within float32's range, as the kernel applies it), got 1e300"
+        );
+        assert_eq!(e.py_kind(), PyKind::ValueError);
+        a.scale = Some(-1e39);
+        assert!(err(&a).to_string().starts_with("scale: expected a finite float"));
+        for ok in [f32::MAX as f64, -(f32::MAX as f64), 0.0, -0.5, 1e-300] {
+            a.scale = Some(ok);
+            assert_eq!(validate(&a, false).unwrap().scale, ok);
+        }
+    }
+
+    #[test]
+    fn broken_producer_extents_are_shape_errors_not_overflows() {
+        // Negative extents anywhere, and shapes whose byte size overflows int64 (as a
+        // DLPack producer could claim; torch cannot make them): clear errors, no panic.
+        let cases: Vec<Case> = vec![
+            (Box::new(|a| a.w.shape[2] = -4), "w: expected non-negative extents whose size in bytes fits in int64, got shape [2, 128, -4, 128]"),
+            (Box::new(|a| a.do_.shape[3] = -64), "do: expected non-negative extents whose size in bytes fits in int64, got shape [2, 128, 4, -64]"),
+            (Box::new(|a| a.q.shape[1] = -1), "q: expected non-negative extents whose size in bytes fits in int64, got shape [2, -1, 4, 128]"),
+            (
+                Box::new(|a| a.dht.as_mut().unwrap().shape = vec![i64::MAX, 4, 128, 64]),
+                "dht: expected non-negative extents whose size in bytes fits in int64, got shape [9223372036854775807, 4, 128, 64]",
+            ),
+            (
+                Box::new(|a| {
+                    a.q.shape = vec![1 << 40, 1 << 40, 1, 1];
+                }),
+                "q: expected non-negative extents whose size in bytes fits in int64, got shape [1099511627776, 1099511627776, 1, 1]",
+            ),
+            (
+                Box::new(|a| a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[-3], DType::I64, Device::cpu()))),
+                "cu_seqlens: expected non-negative extents whose size in bytes fits in int64, got shape [-3]",
+            ),
+        ];
+        for (mutate, msg) in cases {
+            let mut a = base();
+            mutate(&mut a);
+            let e = err(&a);
+            assert_eq!(e.to_string(), msg);
+            assert_eq!(e.py_kind(), PyKind::ValueError, "{msg}");
+        }
+        // The largest T a 2-byte q can have still validates, and ceil(T / 64) cannot overflow.
+        let mut a = call(1, i64::MAX / 2, 1, 1, 1, 1, DType::BF16);
+        a.gk = None;
+        a.h0 = None;
+        a.dht = None;
+        let d = validate(&a, false).unwrap();
+        assert_eq!(d.dims.t, i64::MAX / 2);
+        // Extent 0 of an optional state is a shape mismatch, reported as such.
+        let mut a = base();
+        a.h0.as_mut().unwrap().shape[0] = 0;
+        assert_eq!(err(&a).to_string(), "h0: expected shape [N=2, HV=4, K=128, V=64], got [0, 4, 128, 64]");
+    }
+
+    #[test]
+    fn numpy_style_zero_d_and_rank_errors() {
+        // A 0-D or 5-D q, a 3-D cu_seqlens: rank errors naming the argument.
+        let mut a = base();
+        a.q.shape = vec![];
+        assert_eq!(err(&a).to_string(), "q: expected a 4-D tensor [B, T, H, K], got shape []");
+        let mut a = call(1, 100, 4, 4, 128, 64, DType::BF16);
+        a.h0 = None;
+        a.dht = None;
+        a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[1, 2, 2], DType::I64, Device::cpu()));
+        assert_eq!(err(&a).to_string(), "cu_seqlens: expected a 1-D tensor [N+1] with N >= 1, got shape [1, 2, 2]");
+    }
+
+    /// Views that fla takes (it copies) are valid input: validation passes and the
+    /// planner names the layout in its fallback reason. The torch views of
+    /// tests/test_bad_input.py, as DLPack describes them.
+    #[test]
+    fn views_validate_and_plan_names_the_layout() {
+        use crate::plan::{plan, DeviceInfo, Plan, Rule};
+        const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+        let reason = |a: &CallArgs, rule: Rule| -> Option<String> {
+            let d = validate(a, true).expect("a view is valid input");
+            match plan(&d, &H200, rule) {
+                Plan::Kernel { .. } => None,
+                Plan::Fallback { reason } => Some(reason),
+            }
+        };
+        let mut a = base(); // [2, 128, 4, 128] q/k/w, [2, 128, 4, 64] do/dv
+        to_cuda(&mut a, 0);
+        assert_eq!(reason(&a, Rule::Extended), None, "the contiguous call is a kernel call");
+        assert_eq!(reason(&a, Rule::Capable), None);
+
+        type View = (&'static str, fn(&mut CallArgs), &'static str);
+        let views: Vec<View> = vec![
+            // torch.randn(B, H, T, K).transpose(1, 2)
+            ("q transposed", |a| a.q.strides = Some(vec![128 * 4 * 128, 128, 128 * 128, 1]), "q is not contiguous"),
+            // torch.randn(B, T, H, 2K)[..., ::2]
+            ("k [..., ::2]", |a| a.k.strides = Some(vec![128 * 4 * 256, 4 * 256, 256, 2]), "k is not contiguous"),
+            // do expanded along T (stride 0)
+            ("do expanded", |a| a.do_.strides = Some(vec![4 * 64, 0, 64, 1]), "do is not contiguous"),
+            // flat[1:].view(shape) of a bf16 buffer: 2 bytes past an aligned pointer
+            ("dv offset by one element", |a| a.dv.ptr += 2, "dv is not 16-byte aligned"),
+            ("w offset by 8 elements", |a| a.w.ptr += 16, ""),
+            ("gk offset by one float", |a| a.gk.as_mut().unwrap().ptr += 4, "gk is not 16-byte aligned"),
+            ("dht offset by one float", |a| a.dht.as_mut().unwrap().ptr += 4, "dht is not 16-byte aligned"),
+            // dht.mT.contiguous().mT: right shape, K and V strides swapped
+            ("dht column-major", |a| a.dht.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]), "dht is not contiguous"),
+            // h0 is never read: only its presence matters
+            ("h0 offset", |a| a.h0.as_mut().unwrap().ptr += 4, ""),
+            ("h0 transposed", |a| a.h0.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]), "h0 is not contiguous"),
+        ];
+        for (what, mutate, want) in views {
+            let mut b = a.clone();
+            mutate(&mut b);
+            for rule in [Rule::Extended, Rule::Capable] {
+                let got = reason(&b, rule);
+                if want.is_empty() {
+                    assert_eq!(got, None, "{what} {rule:?}");
+                } else {
+                    assert_eq!(got.as_deref(), Some(want), "{what} {rule:?}");
+                }
+            }
+        }
+        // A negative stride is the one layout that is an error (fla cannot take it either).
+        let mut b = a.clone();
+        b.gk.as_mut().unwrap().strides = Some(vec![-(128 * 4 * 128), 4 * 128, 128, 1]);
+        let e = validate(&b, true).unwrap_err();
+        assert_eq!(e.to_string(), "gk: expected non-negative strides, got strides [-65536, 512, 128, 1]");
     }
 
     fn outputs(d: &CallDesc, nt: i64, dev: Device) -> Outputs {
