@@ -10,7 +10,7 @@ use crate::abi::DhuParams;
 use crate::driver::{check, require_driver};
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, BLOCK_THREADS_SM90};
+use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule};
 use crate::tensor::TensorMeta;
 use crate::tma::{build_tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
@@ -39,6 +39,37 @@ pub fn smem_bytes_sm90(k: u32) -> u32 {
         + STAGES * G_LEN * 4 // g values
         + 4 * 8; // mbarriers
     bytes + 1024
+}
+
+/// Dynamic shared memory of the Blackwell kernel for head dim `k`: mirror of
+/// `SmemMap<K>::BYTES` in cuda/dhu_sm100.cu plus 1024 bytes to align the base to 1024.
+/// Change both together.
+pub fn smem_bytes_sm100(k: u32) -> u32 {
+    const BT: u32 = 64;
+    const BV: u32 = 64;
+    const STAGES: u32 = 2;
+    const BH_BUFS: u32 = 3;
+    const DV2_BUFS: u32 = 2;
+    const NUM_BARS: u32 = 2 * STAGES + 5; // full[2], empty[2], bh, dv, qd, dv2, wd
+    let ktile = BT * k * 2; // one of k, q, w for one chunk
+    let vtile = BT * BV * 2; // one of do, dv, dv2
+    let stage = 3 * ktile + 2 * vtile;
+    let bh = k * BV * 2;
+    let bytes = STAGES * stage // TMA ring
+        + BH_BUFS * bh // bf16 state: DV's B operand and the dh checkpoint
+        + DV2_BUFS * vtile // dv2: WD's B operand and its TMA store source
+        + STAGES * k * 4 // gk rows
+        + NUM_BARS * 8 // mbarriers
+        + 8; // the tensor-memory address tcgen05.alloc writes
+    bytes + 1024
+}
+
+/// Dynamic shared memory of `arch`'s kernel for head dim `k`.
+pub fn smem_bytes(arch: Arch, k: u32) -> u32 {
+    match arch {
+        Arch::Sm90 => smem_bytes_sm90(k),
+        Arch::Sm100 => smem_bytes_sm100(k),
+    }
 }
 
 /// Raw driver handles are plain pointers; the driver allows using them from any thread.
@@ -194,7 +225,7 @@ impl DeviceState {
                     check(unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, || {
                         format!("cuModuleGetFunction({name})")
                     })?;
-                    let smem = smem_bytes_sm90(k);
+                    let smem = smem_bytes(arch, k);
                     if smem as i64 > self.max_smem_optin as i64 {
                         return Err(Error::Internal(format!(
                             "{name} needs {smem} bytes of shared memory, cuda:{} allows {}",
@@ -332,7 +363,8 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
     let ctx = dev.context()?;
     let _scope = CtxScope::enter(ctx)?;
     let f = dev.kernels(arch)?.funcs[config.slot()].0;
-    let smem = smem_bytes_sm90(config.k);
+    let smem = smem_bytes(arch, config.k);
+    let block = arch.block_threads();
     let [gx, gy, gz] = config.grid;
     let mut kernel_args: [*mut c_void; 1] = [&mut params as *mut DhuParams as *mut c_void];
     // SAFETY: f belongs to the current context's module; kernel_args points at one
@@ -343,7 +375,7 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
             gx,
             gy,
             gz,
-            BLOCK_THREADS_SM90,
+            block,
             1,
             1,
             smem,
@@ -354,7 +386,7 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
     };
     check(res, || {
         format!(
-            "cuLaunchKernel({}, grid ({gx}, {gy}, {gz}), block ({BLOCK_THREADS_SM90}, 1, 1), smem {smem}) on cuda:{}",
+            "cuLaunchKernel({}, grid ({gx}, {gy}, {gz}), block ({block}, 1, 1), smem {smem}) on cuda:{}",
             config.entry_point(arch),
             dev.ordinal
         )
@@ -428,6 +460,21 @@ mod tests {
         // 227 KB is the opt-in maximum per block on sm_90.
         for k in [64, 128] {
             assert!(smem_bytes_sm90(k) <= 227 * 1024);
+        }
+    }
+
+    #[test]
+    fn smem_mirrors_the_sm100_smem_map() {
+        // SmemMap<128>::BYTES = 197712, SmemMap<64>::BYTES = 123472 (by hand from
+        // cuda/dhu_sm100.cu: ring 2 x 65536 / 2 x 40960, sBh 3 x 16384 / 3 x 8192,
+        // sDv2 2 x 8192, gk 2 x 512 / 2 x 256, 9 mbarriers, the tmem slot), + 1024.
+        assert_eq!(smem_bytes_sm100(128), 197712 + 1024);
+        assert_eq!(smem_bytes_sm100(64), 123472 + 1024);
+        for k in [64, 128] {
+            // 227 KB is the opt-in maximum per block on sm_100 too.
+            assert!(smem_bytes_sm100(k) <= 227 * 1024);
+            assert_eq!(smem_bytes(Arch::Sm100, k), smem_bytes_sm100(k));
+            assert_eq!(smem_bytes(Arch::Sm90, k), smem_bytes_sm90(k));
         }
     }
 

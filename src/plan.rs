@@ -5,7 +5,12 @@
 //! - `Rule::B2a` is the seed's dispatcher `kda_dhu_b2a` exactly (SPEC.md), plus the
 //!   limits of the kernel (gk path, H == HV, dense, ...).
 //! - `Rule::Extended` is the full-signature entry point and the fla backend: tails,
-//!   varlen, GVA, g, gk or no gate, dht/h0 None are all kernel cases.
+//!   varlen, GVA, g, gk or no gate, dht/h0 None are all kernel cases on sm_90.
+//!
+//! The architecture narrows them: the sm_90a kernel covers everything above; the
+//! sm_100a kernel (cuda/dhu_sm100.cu, the seed's Blackwell design) covers the seed's
+//! envelope only (gk gate, H == HV, dense, dht given, T % 64 == 0), under every rule,
+//! with no CTA floor of its own (B2a keeps its 256-CTA floor).
 
 use crate::abi::{FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_VARLEN};
 use crate::tensor::DType;
@@ -26,6 +31,9 @@ pub const MIN_CTAS_EXTENDED: i64 = 1;
 pub const MAX_GRID_YZ: i64 = 65535;
 /// Threads per CTA of the Hopper kernel (one producer warp + one consumer warpgroup).
 pub const BLOCK_THREADS_SM90: u32 = 160;
+/// Threads per CTA of the Blackwell kernel (TMA warp, MMA warp, two idle warps, the
+/// recurrence warpgroup: warps 4-7).
+pub const BLOCK_THREADS_SM100: u32 = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
@@ -87,6 +95,14 @@ impl Arch {
         match self {
             Arch::Sm90 => "dhu_sm90",
             Arch::Sm100 => "dhu_sm100",
+        }
+    }
+
+    /// Threads per CTA of its kernels.
+    pub fn block_threads(self) -> u32 {
+        match self {
+            Arch::Sm90 => BLOCK_THREADS_SM90,
+            Arch::Sm100 => BLOCK_THREADS_SM100,
         }
     }
 }
@@ -191,6 +207,7 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
         }
     };
 
+    let arch = Arch::from_cc(dev.cc_major, dev.cc_minor);
     let clauses: Vec<Option<String>> = match rule {
         Rule::B2a => {
             let ctas = d.b * d.hv * (d.v / BV);
@@ -235,8 +252,9 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 index_clause(),
                 grid_clause(),
             ];
-            if rule == Rule::Extended {
+            if rule == Rule::Extended && arch != Some(Arch::Sm100) {
                 // Policy, from the H200 measurement of 2026-11-30 (sm90 v2, same run as fla).
+                // Measured on Hopper only: the sm_100 kernel takes its whole envelope.
                 clauses.extend([
                     (ctas < MIN_CTAS_EXTENDED).then(|| format!("N*HV*(V/64) = {ctas} < {MIN_CTAS_EXTENDED} CTAs")),
                     (d.k == 64).then(|| {
@@ -266,10 +284,28 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
             return Some(format!("{} is not 16-byte aligned", l.name));
         }
     }
-    match Arch::from_cc(dev.cc_major, dev.cc_minor) {
+    match arch {
         Some(Arch::Sm90) => None,
-        _ => Some(format!("no kernel for {}", dev.sm_name())),
+        Some(Arch::Sm100) => sm100_envelope(desc),
+        None => Some(format!("no kernel for {}", dev.sm_name())),
     }
+}
+
+/// The sm_100a kernel's limits (the seed's Blackwell kernel: KDA's gk path, H == HV,
+/// dense, dht given, full chunks), checked after the rule's own clauses. Under B2a they
+/// never fire (the seed's clauses are the same), under Capable and Extended they are
+/// the envelope.
+fn sm100_envelope(desc: &CallDesc) -> Option<String> {
+    let d = &desc.dims;
+    let clauses = [
+        desc.has_g.then(|| "sm_100 kernel: g gate not supported".to_string()),
+        (!desc.has_gk).then(|| "sm_100 kernel: gk is None (only the gk gate is supported)".to_string()),
+        (d.h != d.hv).then(|| format!("sm_100 kernel: GVA not supported (H={}, HV={})", d.h, d.hv)),
+        desc.varlen().then(|| "sm_100 kernel: cu_seqlens not supported".to_string()),
+        (!desc.has_dht).then(|| "sm_100 kernel: dht is None (not supported)".to_string()),
+        (d.t % BT != 0).then(|| format!("sm_100 kernel: T % 64 != 0 not supported (T={})", d.t)),
+    ];
+    clauses.into_iter().flatten().next()
 }
 
 /// Kernel or fallback for a validated call on a device.
@@ -294,8 +330,9 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
     if desc.varlen() {
         flags |= FLAG_VARLEN;
     }
+    let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
     Plan::Kernel {
-        arch: Arch::Sm90,
+        arch,
         config: KernelConfig {
             k: d.k as u32,
             dtype: desc.qk_dtype,
@@ -311,6 +348,7 @@ mod tests {
     use crate::validate::{Dims, TensorLayout};
 
     const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+    const B200: DeviceInfo = DeviceInfo { cc_major: 10, cc_minor: 0, sm_count: 148 };
 
     /// B=4, T=256, H=HV=32, K=V=128, bf16, gk, dht, h0: 4*32*2 = 256 CTAs, a B2a kernel case.
     fn base() -> CallDesc {
@@ -606,16 +644,119 @@ mod tests {
     }
 
     #[test]
-    fn only_hopper_has_a_kernel_for_now() {
-        for (cc, sm) in [((10, 0), "sm_100"), ((8, 0), "sm_80"), ((8, 9), "sm_89"), ((12, 0), "sm_120"), ((10, 3), "sm_103")] {
+    fn only_hopper_and_blackwell_have_kernels() {
+        for (cc, sm) in [((8, 0), "sm_80"), ((8, 9), "sm_89"), ((12, 0), "sm_120"), ((10, 3), "sm_103")] {
             let dev = DeviceInfo { cc_major: cc.0, cc_minor: cc.1, sm_count: 100 };
-            for rule in [Rule::B2a, Rule::Extended] {
+            for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {
                 assert_eq!(reason(plan(&base(), &dev, rule)), format!("no kernel for {sm}"));
             }
         }
         assert_eq!(Arch::from_cc(10, 0), Some(Arch::Sm100));
         assert_eq!(Arch::from_cc(9, 0), Some(Arch::Sm90));
         assert_eq!(Arch::from_cc(8, 6), None);
+        assert_eq!(Arch::from_cc(10, 3), None, "sm_100a SASS does not run on sm_103");
+    }
+
+    #[test]
+    fn base_case_is_an_sm100_kernel_under_every_rule() {
+        for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {
+            let p = plan(&base(), &B200, rule);
+            assert_eq!(p.describe(), (true, "kernel-sm100a".to_string()), "{rule:?}");
+            let Plan::Kernel { arch, config } = p else { unreachable!() };
+            assert_eq!(arch, Arch::Sm100);
+            assert_eq!(arch.sass(), "sm_100a");
+            assert_eq!(arch.stem(), "dhu_sm100");
+            assert_eq!(arch.block_threads(), BLOCK_THREADS_SM100);
+            assert_eq!(config.grid, [2, 32, 4]);
+            assert_eq!(config.k, 128);
+            assert_eq!(config.flags, FLAG_GK | FLAG_DHT | FLAG_DH0);
+            assert_eq!(config.entry_point(arch), "kda_dhu_sm100_k128_bf16");
+        }
+        assert_eq!(Arch::Sm90.block_threads(), BLOCK_THREADS_SM90);
+    }
+
+    /// The rows of `clauses()` where the sm_100 kernel answers differently from the
+    /// sm_90 one under Extended (and Capable): its envelope is the seed's. Rows not
+    /// listed answer exactly as on the H200 (generic clauses, layouts, or a kernel).
+    fn sm100_differences() -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("tail", "sm_100 kernel: T % 64 != 0 not supported (T=1000)"),
+            ("no dht", "sm_100 kernel: dht is None (not supported)"),
+            ("no gate", "sm_100 kernel: gk is None (only the gk gate is supported)"),
+            ("g instead of gk", "sm_100 kernel: g gate not supported"),
+            ("GVA", "sm_100 kernel: GVA not supported (H=16, HV=32)"),
+            ("varlen", "sm_100 kernel: cu_seqlens not supported"),
+        ]
+    }
+
+    #[test]
+    fn every_clause_on_sm100_every_rule() {
+        let diffs = sm100_differences();
+        let rows = clauses();
+        for (what, _) in &diffs {
+            assert!(rows.iter().any(|r| r.0 == *what), "{what} is not a row of clauses()");
+        }
+        for (what, mutate, b2a, extended) in rows {
+            let mut d = base();
+            mutate(&mut d);
+            // B2a: the seed's clauses already are the sm_100 envelope (and its 256-CTA floor).
+            let p = plan(&d, &B200, Rule::B2a);
+            if b2a.is_empty() {
+                assert_eq!(p.describe(), (true, "kernel-sm100a".to_string()), "B2a {what}");
+            } else {
+                assert_eq!(reason(p), b2a, "B2a {what}");
+            }
+            let want = diffs.iter().find(|x| x.0 == what).map(|x| x.1).or(extended);
+            for rule in [Rule::Extended, Rule::Capable] {
+                let p = plan(&d, &B200, rule);
+                match want {
+                    None => assert_eq!(p.describe(), (true, "kernel-sm100a".to_string()), "{rule:?} {what}"),
+                    Some(r) => assert_eq!(reason(p), r, "{rule:?} {what}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sm100_envelope_edges() {
+        // No CTA floor outside B2a: one CTA is a kernel; B2a keeps the seed's 256.
+        let mut d = base();
+        d.dims = Dims { b: 1, t: 64, h: 1, hv: 1, k: 64, v: 64, n: 1 };
+        for rule in [Rule::Extended, Rule::Capable] {
+            let Plan::Kernel { arch, config } = plan(&d, &B200, rule) else { panic!("{rule:?}") };
+            assert_eq!(config.entry_point(arch), "kda_dhu_sm100_k64_bf16");
+            assert_eq!(config.grid, [1, 1, 1]);
+        }
+        assert_eq!(reason(plan(&d, &B200, Rule::B2a)), "B*HV*(V/64) = 1 < 256 CTAs");
+        // K = 64 and fp16: the sm90 policy (K = 64 to fla) is a Hopper measurement only.
+        let mut d = base();
+        d.dims.k = 64;
+        d.qk_dtype = DType::F16;
+        d.dv_dtype = DType::F16;
+        let Plan::Kernel { arch, config } = plan(&d, &B200, Rule::Extended) else { panic!() };
+        assert_eq!(config.entry_point(arch), "kda_dhu_sm100_k64_fp16");
+        assert!(reason(plan(&d, &H200, Rule::Extended)).starts_with("K = 64"));
+        // h0 absent: still the envelope (dh0 is just not written).
+        let mut d = base();
+        d.has_h0 = false;
+        let Plan::Kernel { config, .. } = plan(&d, &B200, Rule::Extended) else { panic!() };
+        assert_eq!(config.flags, FLAG_GK | FLAG_DHT);
+        // Sub-wave GVA: the GVA clause of the envelope, not the Hopper policy.
+        let mut d = base();
+        d.dims = Dims { b: 1, t: 11264, h: 16, hv: 32, k: 128, v: 128, n: 1 };
+        assert_eq!(reason(plan(&d, &B200, Rule::Extended)), "sm_100 kernel: GVA not supported (H=16, HV=32)");
+        // The first failing envelope clause is named: g before the missing gk.
+        let mut d = base();
+        d.has_gk = false;
+        d.has_g = true;
+        d.has_dht = false;
+        assert_eq!(reason(plan(&d, &B200, Rule::Capable)), "sm_100 kernel: g gate not supported");
+        // Generic clauses still come first (a tail with fp32 names the dtype).
+        let mut d = base();
+        d.dims.t = 1000;
+        d.qk_dtype = DType::F32;
+        d.dv_dtype = DType::F32;
+        assert_eq!(reason(plan(&d, &B200, Rule::Extended)), "dtype not in {bfloat16, float16} (q is float32)");
     }
 
     #[test]
@@ -648,6 +789,23 @@ mod tests {
                 (1, "kda_dhu_sm90_k64_fp16"),
                 (2, "kda_dhu_sm90_k128_bf16"),
                 (3, "kda_dhu_sm90_k128_fp16")
+            ]
+        );
+        let mut seen = Vec::new();
+        for k in [64, 128] {
+            for dt in [DType::BF16, DType::F16] {
+                c.k = k;
+                c.dtype = dt;
+                seen.push((c.slot(), c.entry_point(Arch::Sm100)));
+            }
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (0, "kda_dhu_sm100_k64_bf16"),
+                (1, "kda_dhu_sm100_k64_fp16"),
+                (2, "kda_dhu_sm100_k128_bf16"),
+                (3, "kda_dhu_sm100_k128_fp16")
             ]
         );
         assert_eq!(Rule::parse("b2a"), Some(Rule::B2a));
