@@ -79,9 +79,13 @@ def _force() -> Optional[str]:
     return value
 
 
-def _default_scale(q: torch.Tensor, scale: Optional[float]) -> float:
+def _default_scale(q, scale: Optional[float]) -> Optional[float]:
+    """K ** -0.5 when scale is None; left None for a q the validator will reject by name."""
     if scale is None:
-        return q.shape[-1] ** -0.5
+        try:
+            return q.shape[-1] ** -0.5
+        except Exception:  # noqa: BLE001 - not a usable q: _core names the argument
+            return None
     return scale
 
 
@@ -125,13 +129,12 @@ def _varlen_chunks(cu_seqlens: torch.Tensor, T: int, chunk_indices, chunk_offset
     NT = sum(chunks)
     if chunk_indices is not None and len(chunk_indices) != NT:
         raise ValueError(f"chunk_indices: expected {NT} chunks for these cu_seqlens, got {len(chunk_indices)}")
-    if chunk_offsets is None:
-        offs = [0]
-        for c in chunks:
-            offs.append(offs[-1] + c)
-        chunk_offsets = torch.tensor(offs, dtype=torch.int64).to(cu_seqlens.device, non_blocking=True)
-    else:
-        chunk_offsets = chunk_offsets.to(torch.int64).contiguous()
+    # Always the offsets of these cu_seqlens: a caller's chunk_offsets (fla's
+    # prepare_chunk_offsets, the same numbers) are not trusted to steer the kernel's stores.
+    offs = [0]
+    for c in chunks:
+        offs.append(offs[-1] + c)
+    chunk_offsets = torch.tensor(offs, dtype=torch.int64).to(cu_seqlens.device, non_blocking=True)
     return NT, chunk_offsets
 
 

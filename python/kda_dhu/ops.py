@@ -77,8 +77,15 @@ def chunk_gated_delta_rule_bwd_dhu_op(
     """
     if chunk_size != BT:
         raise ValueError(f"chunk_size: the custom op takes 64, got {chunk_size}")
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
+    from ._dispatch import _default_scale
+
+    scale = _default_scale(q, scale)
+    if scale is None:  # q is not a tensor with a K dim: let the eager path name it
+        from ._dispatch import chunk_gated_delta_rule_bwd_dhu
+
+        return chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, g=g, gk=gk, h0=h0, dht=dht,
+                                              state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                                              chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
     dh, dh0, dv2 = torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu(
         q, k, w, do, dv, g, gk, h0, dht, float(scale), state_v_first, cu_seqlens, chunk_indices,
         chunk_offsets)
