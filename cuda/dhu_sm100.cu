@@ -98,6 +98,7 @@
 #include <cute/atom/mma_traits_sm100.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "dhu_common.cuh"
 #include "dhu_params.h"
 
 #if defined(__CUDA_ARCH__) && !(defined(CUTE_ARCH_TCGEN05_TMEM_ENABLED) && defined(CUTE_ARCH_TCGEN05_F16F32_MMA_ENABLED))
@@ -162,89 +163,7 @@ struct Mma {
   using UPD = SM100_MMA_F16BF16_SS<T, T, float, K, BV, UMMA::Major::MN, UMMA::Major::MN>;
 };
 
-// exp2 as fla's Triton kernels compute it (ex2.approx.f32).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The wgmma-style fragment geometry of a layout-F (M = 64) accumulator read with
-// tcgen05.ld.16x256b.x8 by warp q (= warp % 4) of the recurrence warpgroup: thread l
-// holds, for j in [0, 8), h in {0, 1}, c in {0, 1}, element i = 4j + 2h + c at row
-// 16q + l/4 + 8h and column 8j + 2(l%4) + c (CuTe's Copy_Traits<SM100_TMEM_LOAD_16dp256b1x>).
-// Its rows are all congruent to l/4 mod 8, so in a 128-byte-swizzled [row][64] 16-bit
-// tile the XOR term is the same for all of them (as in dhu_sm90.cu).
-struct FragGeom {
-  int row0;      // 16q + l/4
-  int col0;      // 2 (l % 4)
-  uint32_t xr;   // l / 4: the swizzle's row term for every row this thread owns
-  __device__ __forceinline__ explicit FragGeom(int t)
-      : row0((t >> 5) * 16 + ((t & 31) >> 2)), col0(2 * (t & 3)), xr(uint32_t((t & 31) >> 2)) {}
-  __device__ __forceinline__ int row(int i) const { return row0 + 8 * ((i >> 1) & 1); }
-  __device__ __forceinline__ int col(int i) const { return 8 * (i >> 2) + col0; }
-  // Byte offset of element i (and i + 1) in a sw128 [64 rows][64 cols] 16-bit tile.
-  __device__ __forceinline__ uint32_t sw(int i) const {
-    return uint32_t(row(i)) * 128u + ((uint32_t(i >> 2) ^ xr) << 4) + uint32_t(col0) * 2u;
-  }
-};
-
-// Synchronization wrappers. CUTLASS's mbarrier / named-barrier asm statements carry no
-// "memory" clobber; these add compiler barriers so that no shared-memory access of the
-// C++ code can be moved across a wait, an arrive or a barrier by the compiler (the
-// hardware ordering is the instructions' own).
-__device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
-__device__ __forceinline__ void wait_bar(uint64_t* bar, uint32_t parity) {
-  cutlass::arch::ClusterBarrier::wait(bar, parity);
-  compiler_fence();
-}
-__device__ __forceinline__ void arrive_bar(uint64_t* bar) {
-  compiler_fence();
-  cutlass::arch::ClusterBarrier::arrive(bar);
-}
-__device__ __forceinline__ void simt_sync() {
-  compiler_fence();
-  cutlass::arch::NamedBarrier::sync(NUM_SIMT_THREADS, SIMT_BARRIER);
-  compiler_fence();
-}
-// Generic-proxy smem writes -> visible to the async proxy (UMMA operand reads, TMA stores).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-template <class T> __device__ __forceinline__ uint32_t pack2(float a, float b);
-template <> __device__ __forceinline__ uint32_t pack2<cutlass::bfloat16_t>(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<cutlass::half_t>(float a, float b) {
-  __half2 v = __floats2half2_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <class T> __device__ __forceinline__ float2 unpack2(uint32_t u);
-template <> __device__ __forceinline__ float2 unpack2<cutlass::bfloat16_t>(uint32_t u) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
-}
-template <> __device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t u) {
-  return __half22float2(*reinterpret_cast<__half2*>(&u));
-}
-
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
+__device__ __forceinline__ void simt_sync() { named_sync(NUM_SIMT_THREADS, SIMT_BARRIER); }
 
 // tcgen05 ordering across threads (PTX ISA, tcgen05 memory consistency model).
 __device__ __forceinline__ void tc_fence_before_sync() {

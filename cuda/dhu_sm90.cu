@@ -53,6 +53,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "dhu_common.cuh"
 #include "dhu_params.h"
 
 namespace kda_dhu {
@@ -101,75 +102,7 @@ template <> struct Mma<cutlass::half_t> {
   using UPD = SM90_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
 };
 
-// exp2 as fla's Triton kernels compute it (ex2.approx.f32).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Where a wgmma accumulator element lives (PTX ISA, wgmma 64xN f32 D fragment): thread
-// t of the warpgroup (warp w = t / 32, lane l) holds, for j in [0, N/8), h in {0, 1},
-// c in {0, 1}, element i = 4j + 2h + c at row 16w + l/4 + 8h and column 8j + 2(l%4) + c;
-// an M = 128 tile is two such blocks, the second 64 rows down (element i + N/2).
-// So each thread owns column pairs, and its rows are all congruent to l/4 mod 8: in a
-// 128-byte-swizzled tile the XOR term is the same for all of them.
-struct FragGeom {
-  int row0;      // 16w + l/4
-  int col0;      // 2 (l % 4)
-  uint32_t xr;   // l / 4: the swizzle's row term for every row this thread owns
-  __device__ __forceinline__ explicit FragGeom(int tid)
-      : row0((tid >> 5) * 16 + ((tid & 31) >> 2)), col0(2 * (tid & 3)), xr(uint32_t((tid & 31) >> 2)) {}
-  // Row and column of element i (of a 64-row block) and its byte offset in a sw128 tile.
-  __device__ __forceinline__ int row(int i) const { return row0 + 8 * ((i >> 1) & 1); }
-  __device__ __forceinline__ int col(int i) const { return 8 * (i >> 2) + col0; }
-  __device__ __forceinline__ uint32_t sw(int i) const {
-    return uint32_t(row(i)) * 128u + ((uint32_t(i >> 2) ^ xr) << 4) + uint32_t(col0) * 2u;
-  }
-};
-
-__device__ __forceinline__ void consumer_sync() {
-  cutlass::arch::NamedBarrier::sync(NUM_CONSUMER_THREADS, CONSUMER_BARRIER);
-}
-
-template <class T> __device__ __forceinline__ uint32_t pack2(float a, float b);
-template <> __device__ __forceinline__ uint32_t pack2<cutlass::bfloat16_t>(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<cutlass::half_t>(float a, float b) {
-  __half2 v = __floats2half2_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <class T> __device__ __forceinline__ float2 unpack2(uint32_t u);
-template <> __device__ __forceinline__ float2 unpack2<cutlass::bfloat16_t>(uint32_t u) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
-}
-template <> __device__ __forceinline__ float2 unpack2<cutlass::half_t>(uint32_t u) {
-  return __half22float2(*reinterpret_cast<__half2*>(&u));
-}
-
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
-               : "memory");
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
+__device__ __forceinline__ void consumer_sync() { named_sync(NUM_CONSUMER_THREADS, CONSUMER_BARRIER); }
 
 template <int K, class T>
 __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
@@ -224,7 +157,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     for (int i = 0; i < NC; ++i) {
       const int c = NC - 1 - i;
       const int s = i % STAGES;
-      if (i >= STAGES) cutlass::arch::ClusterBarrier::wait(&empty_bar[s], ((i / STAGES) + 1) & 1);
+      if (i >= STAGES) wait_bar(&empty_bar[s], ((i / STAGES) + 1) & 1);
       const int64_t t0 = bos + int64_t(c) * BT;  // first token of the chunk (row in T)
       const int64_t t_last = bos + min(int64_t(c + 1) * BT, len) - 1;
       if (use_g) {
@@ -309,7 +242,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       accC(i + 1) = -x.y;
       st_shared_u32(bh + fg.sw(e) + mb * 64 * 128, pack2<T>(x.x, x.y));
     }
-    cutlass::arch::fence_view_async_shared();
+    fence_proxy_async();
     consumer_sync();
   }
 
@@ -331,7 +264,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + bh_buf * Map::BH, v0, 0, hv, int(chunk));
     }
 
-    cutlass::arch::ClusterTransactionBarrier::wait(&full_bar[s], (i / STAGES) & 1);
+    wait_bar(&full_bar[s], (i / STAGES) & 1);
 
     // Rows of do past the sequence's end (varlen) are zeroed; with g, do[t] *= exp2(g[t]).
     const float* sG = reinterpret_cast<const float*>(smem + Map::G_OFF) + s * Map::G_LEN;
@@ -354,7 +287,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
           st_shared_v4(a, u);
         }
       }
-      cutlass::arch::fence_view_async_shared();
+      fence_proxy_async();
       consumer_sync();
     }
 
@@ -418,7 +351,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
           *reinterpret_cast<uint32_t*>(dv2_g + (t * p.HV + hv) * p.V + v0 + col) = packed;
         }
       }
-      cutlass::arch::fence_view_async_shared();
+      fence_proxy_async();
       consumer_sync();
       if (tid == 0) {
         if (!partial)
@@ -468,7 +401,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
 
     // The stage's operands are consumed: hand it back to the producer.
     __syncwarp();
-    if ((tid & 31) == 0) cutlass::arch::ClusterBarrier::arrive(&empty_bar[s]);
+    if ((tid & 31) == 0) arrive_bar(&empty_bar[s]);
 
     // bf16(b) for the next chunk -> sBh[(i+1) % 3] (last read by chunk i-2's store group).
     if (i + 1 < NC) {
@@ -477,7 +410,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       for (int j = 0; j < NB * MB; j += 2) {
         st_shared_u32(next + fg.sw(j % NB) + (j / NB) * 64 * 128, pack2<T>(-accC(j), -accC(j + 1)));
       }
-      cutlass::arch::fence_view_async_shared();
+      fence_proxy_async();
     }
     if (tid == 0) tma_store_wait<1>();  // chunk i-1's group has been read out of smem
     consumer_sync();
