@@ -19,7 +19,10 @@
 //   (q^T diag(e) do == q^T (diag(e) do)), since do is the smaller operand.
 //
 // fla's arithmetic order is kept: b is rounded to q.dtype before k.b, dv2 is rounded
-// before w^T.dv2, and scale multiplies the fp32 q^T.do dot after accumulation.
+// before w^T.dv2, and scale multiplies the fp32 q^T.do dot after accumulation. One
+// difference, with g only: do[t] * exp2(g[t]) is rounded to q.dtype in shared memory,
+// where fla keeps q[t] * exp2(g[t]) in fp32 for a TF32 dot (measured within SPEC.md's
+// bar on the H200: tests/test_gpu_kernel.py, gate "g").
 //
 // Warp roles (160 threads):
 //   warps 0-3  consumer warpgroup: all wgmma, the fp32 recurrence, epilogues, TMA stores
@@ -266,7 +269,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
 
     wait_bar(&full_bar[s], (i / STAGES) & 1);
 
-    // Rows of do past the sequence's end (varlen) are zeroed; with g, do[t] *= exp2(g[t]).
+    // Rows of do, q and w past the sequence's end (varlen) are zeroed; with g, do[t] *= exp2(g[t]).
     const float* sG = reinterpret_cast<const float*>(smem + Map::G_OFF) + s * Map::G_LEN;
     if (partial || use_g) {
       // 64 rows x 8 chunks of 16 bytes; the swizzle permutes chunks within a row only.
@@ -285,6 +288,21 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
             w[q] = pack2<T>(f.x * e, f.y * e);
           }
           st_shared_v4(a, u);
+        }
+      }
+      if (partial) {
+        // q and w rows past the sequence's end are zeroed as well: the zero rows of do
+        // and dv2 already remove their terms from QD and WD, but 0 * NaN or 0 * Inf in
+        // memory outside the sequence (the never-written padding of a packed batch)
+        // would not vanish. fla masks these loads. Each tile is K/64 boxes of
+        // [64 rows][128 bytes].
+        for (int j = tid; j < KB * BT * 8; j += NUM_CONSUMER_THREADS) {
+          const int row = (j >> 3) % BT;
+          if (row >= rows) {
+            const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;  // box * BT * 128 + row * 128 + chunk
+            st_shared_v4(st_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+            st_shared_v4(st_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+          }
         }
       }
       fence_proxy_async();

@@ -89,7 +89,7 @@ def test_varlen(rng, gate):
 
 
 def test_varlen_padded_batch_zeroes_dv2_padding(rng):
-    lengths = [100, 30, 64]
+    lengths = [100, 30, 70]  # the last sequence ends mid-chunk: its last box reads padding
     args = make_inputs(1, 300, 2, 2, 64, 64, torch.bfloat16, "gk", varlen_lengths=lengths,
                        device="cuda", generator=rng)
     dh, dh0, dv2 = _run_poisoned(args)
@@ -98,6 +98,31 @@ def test_varlen_padded_batch_zeroes_dv2_padding(rng):
 
     ref = chunk_gated_delta_rule_bwd_dhu_ref(**args)
     assert _rel(dv2, ref[2]) < 1e-2 and _rel(dh, ref[0]) < 1e-2 and _rel(dh0, ref[1]) < 1e-2
+
+
+def test_varlen_nonfinite_memory_outside_sequences_does_not_leak(rng):
+    """A padded packed batch whose never-written padding holds NaN / Inf bit patterns, and
+    whose last sequence ends mid-chunk so its last chunk's TMA boxes reach into it: the
+    outputs of every sequence stay finite and match the reference (fla masks these rows)."""
+    lengths = [100, 30, 70]
+    args = make_inputs(1, 320, 2, 2, 128, 64, torch.bfloat16, "gk", varlen_lengths=lengths,
+                       device="cuda", generator=rng)
+    end = sum(lengths)
+    for name, val in (("q", float("nan")), ("k", float("inf")), ("w", float("nan")),
+                      ("do", float("-inf")), ("dv", float("nan"))):
+        args[name][:, end:] = val
+    args["gk"][:, end:] = float("nan")
+    dh, dh0, dv2 = _run_poisoned(args)
+    from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref
+
+    clean = dict(args)
+    for name in ("q", "k", "w", "do", "dv", "gk"):
+        clean[name] = args[name].clone()
+        clean[name][:, end:] = 0
+    ref = chunk_gated_delta_rule_bwd_dhu_ref(**clean)
+    assert torch.isfinite(dh).all() and torch.isfinite(dh0).all() and torch.isfinite(dv2).all()
+    assert torch.count_nonzero(dv2[:, end:]) == 0
+    assert _rel(dh, ref[0]) < 1e-2 and _rel(dh0, ref[1]) < 1e-2 and _rel(dv2, ref[2]) < 1e-2
 
 
 @pytest.mark.parametrize("H,HV", [(1, 4), (2, 4), (16, 32)])

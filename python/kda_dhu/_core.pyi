@@ -108,6 +108,9 @@ def launch(
     prepare_chunk_offsets) is required. ``stream`` is a CUstream as an int, e.g.
     ``torch.cuda.current_stream(device).cuda_stream`` (0: the legacy default stream).
 
+    cu_seqlens' values are trusted (reading them would synchronize): kda_dhu's Python
+    entry points check them (start at 0, non-decreasing, last <= T) before calling this.
+
     Re-validates everything; ValueError naming the reason when ``plan("extended", ...)``
     would say fallback. Does not synchronize.
     """
