@@ -4,7 +4,7 @@
 // One CTA owns (sequence n, value head hv, V tile of BV = 64 columns) and walks the
 // sequence's chunks of BT = 64 tokens newest first. The state gradient b [K, BV] lives
 // in fp32 registers for the whole walk, kept negated (c = -b) so that the w^T dv2
-// product accumulates straight into it (DESIGN.md "Registers"). Per chunk (SPEC.md):
+// product accumulates straight into it (one fp32 accumulator less). Per chunk (SPEC.md):
 //
 //     dh[chunk]  = bf16(b)                                   TMA store of sBh
 //     DV [BT,BV] = k [BT,K] . bf16(b) [K,BV]                  wgmma, A k-major, B mn-major

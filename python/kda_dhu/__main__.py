@@ -45,7 +45,10 @@ def _cpu_check() -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kda_dhu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="prod8192", help="a shape name of kda_dhu.bench.SHAPES")
+    from .bench import SHAPES
+
+    ap.add_argument("--shape", default="prod8192", choices=[r[0] for r in SHAPES],
+                    help="the shape to run on a GPU (default prod8192)")
     args = ap.parse_args(argv)
 
     import torch

@@ -13,6 +13,7 @@ import contextlib
 import inspect
 import os
 import threading
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -70,11 +71,20 @@ def _device_ctx(q):
     return contextlib.nullcontext()
 
 
+_warned_force = set()
+
+
 def _force() -> Optional[str]:
     value = os.environ.get(FORCE_ENV, "").strip().lower()
     if value in ("", "0", "auto"):
         return None
     if value not in ("kernel", "fla"):
+        # Raised on a direct call; through fla's backend the verifier would swallow it,
+        # so it is also warned about, once per value.
+        if value not in _warned_force:
+            _warned_force.add(value)
+            warnings.warn(f"{FORCE_ENV}={value!r}: expected 'kernel', 'fla' or unset",
+                          RuntimeWarning, stacklevel=3)
         raise ValueError(f"{FORCE_ENV}: expected 'kernel', 'fla' or unset, got {value!r}")
     return value
 

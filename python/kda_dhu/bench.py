@@ -1,11 +1,11 @@
-"""Benchmark: kda-dhu against fla in the same run, on DESIGN.md's shape table.
+"""Benchmark: kda-dhu against fla in the same run, on the project's shape table (SHAPES).
 
     python -m kda_dhu.bench                 # the quick default: prod8192 only
     python -m kda_dhu.bench --all --out DIR # every shape; writes DIR/<date>-<gpu>.json
 
 Times are medians of CUDA-event timings after warm-up, kda-dhu and fla alternating
 in one process. The bandwidth floor is the fewest bytes (each input read once, each
-output written once; DESIGN.md "Performance model") over the device-to-device copy
+output written once: ``floor_bytes``) over the device-to-device copy
 bandwidth measured in the same run (bytes read + written). Errors are against the
 float64 reference computed on the GPU where it fits, else against fla (the record's
 "ref" field says which).
@@ -229,7 +229,7 @@ def markdown_table(record: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--all", action="store_true", help="every shape of DESIGN.md's table")
+    ap.add_argument("--all", action="store_true", help="every shape of the table (SHAPES)")
     ap.add_argument("--shapes", default="", help="comma-separated shape names")
     ap.add_argument("--out", default="", help="folder for <date>-<gpu>.json and latest.json")
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
@@ -237,8 +237,12 @@ def main(argv=None) -> int:
                     help="print the markdown table of a recorded run and exit (no GPU needed)")
     args = ap.parse_args(argv)
     if args.table:
-        with open(args.table) as f:
-            print(markdown_table(json.load(f)), end="")
+        try:
+            with open(args.table) as f:
+                record = json.load(f)
+            print(markdown_table(record), end="")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            ap.error(f"--table {args.table}: not a benchmark record ({type(err).__name__}: {err})")
         return 0
 
     if not torch.cuda.is_available():
@@ -250,6 +254,9 @@ def main(argv=None) -> int:
     rows = SHAPES if args.all else SHAPES[:1]
     if args.shapes:
         want = set(args.shapes.split(","))
+        unknown = want - {r[0] for r in SHAPES}
+        if unknown:
+            ap.error(f"unknown shape(s) {sorted(unknown)}; one of: {', '.join(r[0] for r in SHAPES)}")
         rows = [r for r in SHAPES if r[0] in want]
     bw = copy_bandwidth()
     gpu = torch.cuda.get_device_name()

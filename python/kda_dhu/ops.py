@@ -34,7 +34,12 @@ def _op(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, dv:
 
         dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, **kw)
     else:
+        from . import _dispatch
         from .reference import chunk_gated_delta_rule_bwd_dhu_ref
+
+        if _dispatch._core is not None:  # the same input checks as the CUDA path
+            _dispatch._core.validate(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
+                                     cu_seqlens, BT, chunk_offsets)
 
         dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu_ref(q, k, w, do, dv, **kw)
         dh, dv2 = dh.to(q.dtype), dv2.to(dv.dtype)
