@@ -220,7 +220,8 @@ fn py_plan(
 
 /// Launches the kernel on `stream` (torch.cuda.current_stream(device).cuda_stream)
 /// writing dh, dh0 and dv2 (allocated by the caller). Re-validates everything; raises
-/// ValueError when the Extended plan is a fallback. Does not synchronize.
+/// ValueError when the "capable" plan is a fallback (the kernel cannot compute the call).
+/// Does not synchronize.
 #[pyfunction]
 #[pyo3(name = "launch", signature = (q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets, dh, dh0, dv2, stream))]
 #[allow(clippy::too_many_arguments)]

@@ -111,7 +111,7 @@ def launch(
     cu_seqlens' values are trusted (reading them would synchronize): kda_dhu's Python
     entry points check them (start at 0, non-decreasing, last <= T) before calling this.
 
-    Re-validates everything; ValueError naming the reason when ``plan("extended", ...)``
+    Re-validates everything; ValueError naming the reason when ``plan("capable", ...)``
     would say fallback. Does not synchronize.
     """
 
