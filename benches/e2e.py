@@ -1,0 +1,734 @@
+"""End to end: fla's chunk_kda forward + backward with kda-dhu's fla backend off and on.
+
+    python benches/e2e.py                      # every case; prints the table
+    python benches/e2e.py --out DIR            # also writes DIR/e2e-<date>-<gpu>.json, e2e-latest.{json,md}
+    python benches/e2e.py --shapes kda_b8_t4096_h32 --reps 10
+    python benches/e2e.py --table e2e-latest.json   # the table of a recorded run (no GPU)
+
+What one case does (all in one process, on the same inputs):
+
+1. Inputs as fla's own tests and benchmarks draw them (tests/ops/test_kda.py,
+   benchmarks/ops/registry.py): q, k, v ~ N(0, 1) bf16 with use_qk_l2norm_in_kernel=True,
+   g = logsigmoid(N(0, 1)) / gate_normalizer fp32 (log-space, per key for KDA, per head
+   for GDN), beta = sigmoid(N(0, 1)) bf16, initial_state ~ N(0, 1) fp32, all leaves with
+   requires_grad; upstream gradients do ~ N(0, 1) bf16 and dht ~ N(0, 1) fp32 (the final
+   state is an output, so stage 4 gets a real dht). Varlen cases pack 32 documents of
+   log-normal lengths (sigma 1: many short ones, a long tail, lengths not multiples of
+   64) averaging 1024 tokens into B = 1, T = 32768.
+2. Gradient check: one forward, then backward (torch.autograd.grad, retain_graph) with
+   kda-dhu off (FLA_KDA_DHU=0), on (unset), and off again, on the same graph. Every
+   input's gradient (q, k, v, g, beta, initial_state) is compared on vs off by relative
+   L2 error; off vs off-again gives fla's own run-to-run noise. Fails above --tol (2e-2,
+   bf16). Done for each --check-normalizers value (1: fla's gates, the strong decay of
+   its tests; 16: slow decay, so the state gradient carries across many chunks).
+   Kernel routing is checked at the same time: a temporary wrapper around
+   kda_dhu._dispatch._run_kernel counts kernel launches and one around
+   kda_dhu._dispatch.plan_call records the backend verifier's verdicts; on must launch
+   the kernel once per stage-4 call, off never.
+3. Timing: CUDA events around the forward (with autograd recording, as in training)
+   and around the whole backward (autograd.grad on one retained graph), the two modes
+   alternating iteration by iteration (order swapped every iteration), no
+   synchronization between iterations; medians after warm-up. Stage 4 alone is timed
+   by temporarily rebinding chunk_gated_delta_rule_bwd_dhu in the op's backward module
+   (fla.ops.kda.chunk_bwd) to a wrapper that records CUDA events around the call (fla's
+   dispatch, kda-dhu's planning and any host synchronization included).
+
+--graph-probe adds one more check: chunk_kda's CUDA-graph varlen mode (use_graph=True,
+cu_seqlens padded with zero-length tail sequences, run eagerly as fla's warm-up step is),
+backward off and on; fla then passes stage 4 fixed-size chunk tables (chunk_indices with
+nt_max rows). A failure with kda-dhu on where fla runs counts as a failed check.
+
+GDN (fla.ops.gated_delta_rule.chunk_gated_delta_rule) runs only where fla runs its
+backward: fla 0.6.0 refuses it on Hopper with Triton >= 3.4 and < 3.7.1 (its issue
+#640); a small probe detects that and the GDN cases are skipped with the reason.
+
+Exit status: 0 all checks passed; 1 a gradient error over --tol, a non-finite
+gradient, the kernel not running with the backend on (or running with it off), or a
+case that raised; 2 no usable GPU / kda-dhu extension.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import json
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+BACKEND_ENV = "FLA_KDA_DHU"       # kda-dhu's fla backend switch (fla reads it at every call)
+STAGE4 = "chunk_gated_delta_rule_bwd_dhu"
+MODES = ("fla", "kda_dhu")          # FLA_KDA_DHU=0, unset
+DEVICE = "cuda"
+GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+# name -> op, shape; varlen = mean document length (None: dense)
+CASES = {
+    "kda_b8_t4096_h32": dict(op="kda", B=8, T=4096, H=32, HV=32, K=128, V=128, varlen=None),
+    "kda_varlen_t32768_h32_avg1k": dict(op="kda", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=1024),
+    "gdn_b8_t4096_h32": dict(op="gdn", B=8, T=4096, H=32, HV=32, K=128, V=128, varlen=None),
+    "gdn_varlen_t32768_h32_avg1k": dict(op="gdn", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=1024),
+}
+
+# the module whose global STAGE4 the op's backward calls
+BACKWARD_MODULE = {"kda": "fla.ops.kda.chunk_bwd", "gdn": "fla.ops.gated_delta_rule.chunk"}
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def varlen_lengths(T: int, mean: int = 1024, sigma: float = 1.0, seed: int = 0) -> list:
+    """T // mean document lengths summing to T (so averaging ``mean``), skewed like real
+    documents: log-normal weights (sigma in log space) scaled to T, each at least 1
+    (reproducible)."""
+    import torch
+
+    n = max(1, T // mean)
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.empty(n, dtype=torch.float64).log_normal_(0.0, sigma, generator=gen)
+    lens = (w / w.sum() * T).floor().long().clamp(min=1)
+    lens[int(lens.argmax())] += T - int(lens.sum())     # the rounding remainder
+    return lens.tolist()
+
+
+def make_inputs(case: dict, seed: int = 0, gate_normalizer: float = 1.0, device=None):
+    """(leaves, grad_outputs, cu_seqlens, cu_seqlens_cpu, lengths) for one case.
+
+    The same seed gives the same tensors whatever the gate normalizer (only g changes).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    B, T, H, HV, K, V = (case[k] for k in ("B", "T", "H", "HV", "K", "V"))
+    device = DEVICE if device is None else device
+    dtype = torch.bfloat16
+    lengths = varlen_lengths(T, case["varlen"], seed=seed) if case["varlen"] else None
+    N = B if lengths is None else len(lengths)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape, dt=torch.float32):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+
+    q = randn(B, T, H, K, dt=dtype)
+    k = randn(B, T, H, K, dt=dtype)
+    v = randn(B, T, HV, V, dt=dtype)
+    g_shape = (B, T, HV, K) if case["op"] == "kda" else (B, T, HV)
+    g = F.logsigmoid(randn(*g_shape)) / gate_normalizer
+    beta = randn(B, T, HV).sigmoid().to(dtype)
+    h0 = randn(N, HV, K, V)
+    leaves = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+    for t in leaves.values():
+        t.requires_grad_(True)
+    grads_out = (randn(B, T, HV, V, dt=dtype), randn(N, HV, K, V))   # do, dht
+    cu = cu_cpu = None
+    if lengths is not None:
+        offs = [0]
+        for n in lengths:
+            offs.append(offs[-1] + n)
+        cu_cpu = torch.tensor(offs, dtype=torch.int64)
+        cu = cu_cpu.to(device)
+    return leaves, grads_out, cu, cu_cpu, lengths
+
+
+def forward(op: str, x: dict, cu, cu_cpu, **extra):
+    """(o, final_state) of fla's chunked op, training-style (autograd recording)."""
+    kw = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=None,
+              initial_state=x["initial_state"], output_final_state=True,
+              use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu, **extra)
+    if op == "kda":
+        from fla.ops.kda import chunk_kda
+
+        return chunk_kda(**kw)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule(**kw)
+
+
+# ----------------------------------------------------------------------------- modes and probes
+
+def set_mode(mode: str) -> None:
+    """kda-dhu's fla backend off ("fla": FLA_KDA_DHU=0) or on ("kda_dhu": unset)."""
+    if mode == "fla":
+        os.environ[BACKEND_ENV] = "0"
+    else:
+        os.environ.pop(BACKEND_ENV, None)
+
+
+@contextlib.contextmanager
+def restored_env():
+    before = os.environ.get(BACKEND_ENV)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(BACKEND_ENV, None)
+        else:
+            os.environ[BACKEND_ENV] = before
+
+
+class KernelProbe:
+    """Counts kda-dhu kernel launches and records the fla backend verifier's verdicts,
+    by temporarily rebinding kda_dhu._dispatch._run_kernel and .plan_call (both looked
+    up in that module at call time)."""
+
+    def __init__(self):
+        self.dispatch = importlib.import_module("kda_dhu._dispatch")
+        self.launches = 0
+        self.verdicts = []
+
+    def reset(self):
+        self.launches = 0
+        self.verdicts = []
+
+    def __enter__(self):
+        d = self.dispatch
+        self._run, self._plan = d._run_kernel, d.plan_call
+
+        def run_kernel(*args, **kwargs):
+            out = self._run(*args, **kwargs)
+            if out is not None:          # None: nothing to launch (every sequence empty)
+                self.launches += 1
+            return out
+
+        def plan_call(*args, **kwargs):
+            verdict = self._plan(*args, **kwargs)
+            self.verdicts.append(verdict)
+            return verdict
+
+        self._ours = (run_kernel, plan_call)
+        d._run_kernel, d.plan_call = run_kernel, plan_call
+        return self
+
+    def __exit__(self, *exc):
+        d = self.dispatch
+        if d._run_kernel is self._ours[0]:
+            d._run_kernel = self._run
+        if d.plan_call is self._ours[1]:
+            d.plan_call = self._plan
+        return False
+
+
+class Stage4Spy:
+    """Temporarily rebinds STAGE4 in the op's backward module to a wrapper that counts
+    calls and, while ``timing``, records CUDA events around each (tagged with ``mode``).
+    The wrapper runs on autograd's backward thread, on the stream autograd set."""
+
+    def __init__(self, op: str):
+        self.module = importlib.import_module(BACKWARD_MODULE[op])
+        self.calls = 0
+        self.timing = False
+        self.mode = None
+        self.events = []
+
+    def reset(self):
+        self.calls = 0
+        self.events = []
+
+    def __enter__(self):
+        import torch
+
+        inner = self.module.__dict__[STAGE4]
+        self._inner = inner
+
+        def wrapper(*args, **kwargs):
+            self.calls += 1
+            if not self.timing:
+                return inner(*args, **kwargs)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = inner(*args, **kwargs)
+            end.record()
+            self.events.append((self.mode, start, end))
+            return out
+
+        wrapper.__wrapped__ = inner
+        self._wrapper = wrapper
+        setattr(self.module, STAGE4, wrapper)
+        return self
+
+    def __exit__(self, *exc):
+        if self.module.__dict__.get(STAGE4) is self._wrapper:
+            setattr(self.module, STAGE4, self._inner)
+        return False
+
+    def medians(self) -> dict:
+        out = {}
+        for mode in MODES:
+            t = [s.elapsed_time(e) for m, s, e in self.events if m == mode]
+            out[mode] = statistics.median(t) if t else None
+        return out
+
+
+class LogCapture(logging.Handler):
+    """fla's backend dispatch logs each choice once at INFO ('[FLA Backend] ...')."""
+
+    def __init__(self):
+        super().__init__(level=logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if STAGE4 in msg:
+            self.lines.append(msg)
+
+
+# ----------------------------------------------------------------------------- measurement
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64; inf if out is not finite."""
+    import torch
+
+    if out is None or ref is None:
+        return float("nan") if (out is None) != (ref is None) else 0.0
+    o = out.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    r = ref.double()
+    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-300))
+
+
+def alternate(fn, warmup: int, reps: int, on_mode=None) -> dict:
+    """Median CUDA-event ms of fn() per mode, modes alternating (order swapped every
+    iteration); events are read after one synchronization at the end. on_mode(mode,
+    timed) is called before each call."""
+    import torch
+
+    events = {m: [] for m in MODES}
+    for i in range(warmup + reps):
+        for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+            set_mode(mode)
+            if on_mode is not None:
+                on_mode(mode, i >= warmup)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            if i >= warmup:
+                events[mode].append((start, end))
+    torch.cuda.synchronize()
+    out = {}
+    for mode, pairs in events.items():
+        t = [s.elapsed_time(e) for s, e in pairs]
+        out[mode] = {"median": statistics.median(t), "min": min(t), "max": max(t)}
+    return out
+
+
+def grad_check(case, args, probe: KernelProbe, spy: Stage4Spy, normalizer: float) -> dict:
+    """Backward off / on / off on one forward graph; errors and routing."""
+    import torch
+
+    x, grads_out, cu, cu_cpu, _ = make_inputs(case, seed=args.seed, gate_normalizer=normalizer)
+    leaves = [x[n] for n in GRAD_NAMES]
+    o, ht = forward(case["op"], x, cu, cu_cpu)
+    grads, launches, stage4_calls, verdicts = {}, {}, {}, {}
+    for tag, mode in (("fla", "fla"), ("kda_dhu", "kda_dhu"), ("fla_again", "fla")):
+        set_mode(mode)
+        probe.reset()
+        spy.reset()
+        grads[tag] = torch.autograd.grad((o, ht), leaves, grads_out, retain_graph=True)
+        torch.cuda.synchronize()
+        launches[tag], stage4_calls[tag] = probe.launches, spy.calls
+        verdicts[tag] = sorted({f"{'kernel' if ok else 'fla'}: {why}" for ok, why in probe.verdicts})
+    err = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["kda_dhu"], grads["fla"])}
+    noise = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["fla_again"], grads["fla"])}
+    del grads, o, ht, x, leaves, grads_out
+    return {"gate_normalizer": normalizer, "rel_err": err, "fla_repeat_rel_err": noise,
+            "kernel_launches": launches, "stage4_calls": stage4_calls, "verdicts": verdicts}
+
+
+def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
+    import torch
+
+    t0 = time.time()
+    op = case["op"]
+    x, grads_out, cu, cu_cpu, lengths = make_inputs(case, seed=args.seed, gate_normalizer=args.check_normalizers[0])
+    leaves = [x[n] for n in GRAD_NAMES]
+    fwd = lambda: forward(op, x, cu, cu_cpu)  # noqa: E731
+
+    # first calls: Triton autotuning, kda-dhu's module load
+    for mode in MODES:
+        set_mode(mode)
+        o, ht = fwd()
+        torch.autograd.grad((o, ht), leaves, grads_out)
+        del o, ht
+    torch.cuda.synchronize()
+    t_warm = time.time() - t0
+
+    row = {"case": name, "op": op, **{k: case[k] for k in ("B", "T", "H", "HV", "K", "V")},
+           "dtype": "bf16", "varlen": lengths is not None,
+           "N": case["B"] if lengths is None else len(lengths)}
+    if lengths is not None:
+        s = sorted(lengths)
+        row["seq_lens"] = {"n": len(s), "min": s[0], "median": s[len(s) // 2], "max": s[-1],
+                           "mean": sum(s) / len(s), "lengths": lengths}
+
+    with Stage4Spy(op) as spy:
+        checks = [grad_check(case, args, probe, spy, n) for n in args.check_normalizers]
+        torch.cuda.empty_cache()
+
+        fwd_ms = alternate(lambda: fwd(), args.warmup, args.reps)
+        o, ht = fwd()
+        bwd = lambda: torch.autograd.grad((o, ht), leaves, grads_out, retain_graph=True)  # noqa: E731
+        bwd_ms = alternate(bwd, args.warmup, args.reps)
+        stage4 = None
+        if not args.no_stage4:
+            spy.reset()
+            spy.timing = True
+
+            def tag(mode, timed):
+                spy.mode = mode if timed else None   # warm-up events are left out
+
+            alternate(bwd, args.warmup, args.stage4_reps, on_mode=tag)
+            spy.timing = False
+            stage4 = spy.medians()
+        del o, ht
+    del x, leaves, grads_out
+    torch.cuda.empty_cache()
+
+    f = {m: fwd_ms[m]["median"] for m in MODES}
+    b = {m: bwd_ms[m]["median"] for m in MODES}
+    row.update({
+        "fwd_ms": f, "bwd_ms": b,
+        "bwd_speedup": b["fla"] / b["kda_dhu"],
+        "fwd_bwd_ms": {m: f[m] + b[m] for m in MODES},
+        "fwd_bwd_speedup": (f["fla"] + b["fla"]) / (f["kda_dhu"] + b["kda_dhu"]),
+        "fwd_ms_spread": fwd_ms, "bwd_ms_spread": bwd_ms,
+        "stage4_ms": stage4,
+        "stage4_share_of_bwd": ({m: stage4[m] / b[m] for m in MODES if stage4[m] is not None}
+                                if stage4 else None),
+        "grad_checks": checks,
+        "max_grad_rel_err": max(v for c in checks for v in c["rel_err"].values()),
+        "max_fla_repeat_rel_err": max(v for c in checks for v in c["fla_repeat_rel_err"].values()),
+        "reps": args.reps, "warmup": args.warmup, "first_calls_s": t_warm, "case_s": time.time() - t0,
+    })
+    return row
+
+
+def case_failures(row: dict, tol: float) -> list:
+    out = []
+    for c in row["grad_checks"]:
+        where = f"{row['case']} (gate normalizer {c['gate_normalizer']:g})"
+        bad = {n: e for n, e in c["rel_err"].items() if not (e < tol)}   # NaN / inf fail too
+        if bad:
+            out.append(f"{where}: gradient rel err over {tol:g}: "
+                       + ", ".join(f"{n} {e:.2e}" for n, e in bad.items()))
+        la, calls = c["kernel_launches"], c["stage4_calls"]
+        if la["fla"] or la["fla_again"]:
+            out.append(f"{where}: kda-dhu's kernel ran with {BACKEND_ENV}=0 ({la['fla']} launches)")
+        if calls["kda_dhu"] == 0:
+            out.append(f"{where}: stage 4 was never called by the backward (spy saw no call)")
+        elif la["kda_dhu"] != calls["kda_dhu"]:
+            out.append(f"{where}: kda-dhu's kernel ran {la['kda_dhu']} times for {calls['kda_dhu']} "
+                       f"stage-4 calls with the backend on; verdicts: {c['verdicts']['kda_dhu']}")
+    return out
+
+
+# ----------------------------------------------------------------------------- GDN probe, report
+
+def gdn_backward_refusal():
+    """None if fla runs GDN's backward here, else the reason (fla's own error)."""
+    import torch
+
+    case = dict(op="gdn", B=1, T=128, H=2, HV=2, K=128, V=128, varlen=None)
+    x, grads_out, _, _, _ = make_inputs(case, seed=0)
+    set_mode("fla")
+    try:
+        o, ht = forward("gdn", x, None, None)
+        torch.autograd.grad((o, ht), [x[n] for n in GRAD_NAMES], grads_out)
+        torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001 - the reason is what we report
+        msg = f"{type(err).__name__}: {err}"
+        try:
+            import triton
+
+            msg += f" (Triton {triton.__version__}, {torch.cuda.get_device_name()})"
+        except Exception:  # noqa: BLE001
+            pass
+        return msg
+    return None
+
+
+def graph_mode_probe(args, probe: KernelProbe) -> dict:
+    """fla's CUDA-graph varlen mode, run eagerly (as its warm-up step is): chunk_kda with
+    use_graph=True, cu_seqlens padded with two zero-length tail sequences up to
+    max_num_seqs. fla then hands stage 4 fixed-shape chunk tables (chunk_indices has
+    nt_max rows, sentinels past the real chunks). Backward off and on; errors recorded."""
+    import torch
+
+    case = dict(op="kda", B=1, T=4096, H=4, HV=4, K=128, V=128, varlen=300)
+    x, (do, _), cu, cu_cpu, lengths = make_inputs(case, seed=args.seed)
+    pad = 2
+    n_max = len(lengths) + pad
+    cu_cpu = torch.cat([cu_cpu, cu_cpu[-1:].repeat(pad)])
+    cu = cu_cpu.to(cu.device)
+    gen = torch.Generator(device=cu.device).manual_seed(args.seed + 1)
+    x["initial_state"] = torch.randn(n_max, case["HV"], case["K"], case["V"], generator=gen,
+                                     device=cu.device).requires_grad_(True)
+    dht = torch.randn(n_max, case["HV"], case["K"], case["V"], generator=gen, device=cu.device)
+    leaves = [x[n] for n in GRAD_NAMES]
+    out = {"case": f"kda_graph_varlen_t{case['T']}_h{case['H']}_n{len(lengths)}+{pad}",
+           "max_num_seqs": n_max}
+    grads = {}
+    for mode in MODES:
+        set_mode(mode)
+        probe.reset()
+        try:
+            o, ht = forward("kda", x, cu, None, use_graph=True, max_num_seqs=n_max)
+            # cloned: in graph mode fla may hand out static buffers it reuses
+            grads[mode] = [t.clone() for t in torch.autograd.grad((o, ht), leaves, (do, dht))]
+            del o, ht
+            torch.cuda.synchronize()
+            out[mode] = {"ok": True, "kernel_launches": probe.launches}
+        except Exception as err:  # noqa: BLE001 - the finding is the error
+            out[mode] = {"ok": False, "error": f"{type(err).__name__}: {err}",
+                         "kernel_launches": probe.launches}
+    if len(grads) == 2:
+        out["rel_err"] = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["kda_dhu"], grads["fla"])}
+    return out
+
+
+def git_commit() -> str:
+    c = os.environ.get("KDA_DHU_COMMIT")
+    if c:
+        return c
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL,
+                                       cwd=os.path.dirname(os.path.abspath(__file__))).strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def markdown_table(record: dict) -> str:
+    """The table of a record (also what --table prints)."""
+    head = (f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, triton "
+            f"{record.get('triton')}, kda_dhu {record['kda_dhu_commit']}, {record['date']}; "
+            f"medians of {record['settings']['reps']} alternating reps; fla = {BACKEND_ENV}=0\n\n")
+    lines = ["| case | fwd ms fla | fwd ms kda-dhu | bwd ms fla | bwd ms kda-dhu | bwd speedup "
+             "| fwd+bwd speedup | stage4 ms fla | stage4 ms kda-dhu | stage4 share (fla) "
+             "| max grad err (fla repeat) | kernel launches on / off |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in record["rows"]:
+        s4 = r.get("stage4_ms") or {}
+        share = (r.get("stage4_share_of_bwd") or {}).get("fla")
+        launches = " ; ".join(f"{c['kernel_launches']['kda_dhu']} / {c['kernel_launches']['fla']}"
+                              for c in r["grad_checks"])
+        lines.append(
+            f"| {r['case']} | {r['fwd_ms']['fla']:.3f} | {r['fwd_ms']['kda_dhu']:.3f} "
+            f"| {r['bwd_ms']['fla']:.3f} | {r['bwd_ms']['kda_dhu']:.3f} | {r['bwd_speedup']:.3f}x "
+            f"| {r['fwd_bwd_speedup']:.3f}x | {_fmt(s4.get('fla'))} | {_fmt(s4.get('kda_dhu'))} "
+            f"| {_fmt(share, '.1%')} | {r['max_grad_rel_err']:.1e} ({r['max_fla_repeat_rel_err']:.1e}) "
+            f"| {launches} |")
+    for s in record.get("skipped", []):
+        lines.append(f"| {s['case']} | skipped: {s['reason']} |" + " |" * 10)
+    return head + "\n".join(lines) + "\n"
+
+
+def print_checks(row: dict) -> None:
+    for c in row["grad_checks"]:
+        print(f"    grads, gate normalizer {c['gate_normalizer']:g}: kda-dhu vs fla  "
+              + "  ".join(f"{n} {e:.2e}" for n, e in c["rel_err"].items()))
+        print(f"    {'':31}fla vs fla again  "
+              + "  ".join(f"{n} {e:.2e}" for n, e in c["fla_repeat_rel_err"].items()))
+        print(f"    {'':31}kernel launches on {c['kernel_launches']['kda_dhu']} / off "
+              f"{c['kernel_launches']['fla']} for {c['stage4_calls']['kda_dhu']} stage-4 call(s); "
+              f"verdicts on: {c['verdicts']['kda_dhu'] or 'none'}; off: {c['verdicts']['fla'] or 'none'}")
+
+
+# ----------------------------------------------------------------------------- main
+
+def _floats(text: str) -> list:
+    try:
+        vals = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or not all(v > 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return vals
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="", help="folder for e2e-<date>-<gpu>.json, e2e-latest.json and "
+                                              "e2e-latest.md (default: write nothing)")
+    ap.add_argument("--shapes", default="", help="comma-separated case names (default: all): "
+                                                 + ", ".join(CASES))
+    ap.add_argument("--reps", type=int, default=30, help="timed iterations per mode (default 30)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per mode first (default 3)")
+    ap.add_argument("--stage4-reps", type=int, default=15, help="iterations per mode for stage 4 alone")
+    ap.add_argument("--no-stage4", action="store_true", help="skip timing stage 4 alone")
+    ap.add_argument("--check-normalizers", type=_floats, default=[1.0, 16.0], metavar="LIST",
+                    help="gate normalizers of the gradient checks (g = logsigmoid(randn) / n); "
+                         "the first is also the timed input (default 1,16)")
+    ap.add_argument("--tol", type=float, default=2e-2, help="max relative gradient error, bf16 (default 2e-2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-gdn", action="store_true", help="skip the GDN cases (and the probe)")
+    ap.add_argument("--graph-probe", action="store_true",
+                    help="also run chunk_kda's CUDA-graph varlen mode (use_graph=True, padded "
+                         "cu_seqlens) eagerly, off and on, and record what happens")
+    ap.add_argument("--table", default="", metavar="JSON",
+                    help="print the markdown table of a recorded run and exit (no GPU needed)")
+    args = ap.parse_args(argv)
+
+    if args.table:
+        try:
+            with open(args.table) as f:
+                print(markdown_table(json.load(f)), end="")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            ap.error(f"--table {args.table}: not an e2e record ({type(err).__name__}: {err})")
+        return 0
+    names = list(CASES)
+    if args.shapes:
+        names = [n.strip() for n in args.shapes.split(",") if n.strip()]
+        unknown = [n for n in names if n not in CASES]
+        if unknown:
+            ap.error(f"unknown case(s) {unknown}; one of: {', '.join(CASES)}")
+    if args.reps < 1 or args.warmup < 0 or args.stage4_reps < 1:
+        ap.error("--reps and --stage4-reps must be >= 1, --warmup >= 0")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("e2e: no CUDA device; this benchmark needs a GPU.", file=sys.stderr)
+        return 2
+    import fla
+    import kda_dhu
+    from kda_dhu import fla_backend
+
+    usable, why = kda_dhu.cuda_status()
+    if not usable:
+        print(f"e2e: kda-dhu cannot run its kernel here: {why} ({kda_dhu.__file__})", file=sys.stderr)
+        return 2
+    if not fla_backend.is_registered() and not fla_backend.register_backend():
+        print("e2e: kda-dhu is not registered as an fla backend and cannot be "
+              "(FLA_DISABLE_BACKEND_DISPATCH=1, or fla without fla.backends)", file=sys.stderr)
+        return 2
+    if kda_dhu.is_patched():
+        print("e2e: kda_dhu.patch() is active; FLA_KDA_DHU would not switch kda-dhu off", file=sys.stderr)
+        return 2
+    force = os.environ.get("KDA_DHU_FORCE", "")
+    if force:
+        print(f"e2e: warning: KDA_DHU_FORCE={force!r} is set; the 'on' mode is not the default path",
+              file=sys.stderr)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_version = None
+    gpu = torch.cuda.get_device_name()
+    commit = git_commit()
+    print(f"{gpu}  torch {torch.__version__}  triton {triton_version}  fla {fla.__version__}  "
+          f"kda_dhu {kda_dhu.__version__} ({commit}, {kda_dhu.__file__})", flush=True)
+
+    fla_log = logging.getLogger("fla.backends")
+    capture = LogCapture()
+    old_level = fla_log.level
+    fla_log.addHandler(capture)
+    if fla_log.getEffectiveLevel() > logging.INFO:
+        fla_log.setLevel(logging.INFO)
+
+    t_start = time.time()
+    rows, skipped, failures = [], [], []
+    with restored_env(), KernelProbe() as probe:
+        if any(CASES[n]["op"] == "gdn" for n in names):
+            reason = "--no-gdn" if args.no_gdn else gdn_backward_refusal()
+            if reason:
+                print("GDN skipped: " + (reason if args.no_gdn else
+                                         f"fla's chunk_gated_delta_rule forward + backward probe failed: {reason}"),
+                      flush=True)
+                for n in [n for n in names if CASES[n]["op"] == "gdn"]:
+                    skipped.append({"case": n, "reason": reason})
+                names = [n for n in names if CASES[n]["op"] != "gdn"]
+        for i, name in enumerate(names):
+            case = CASES[name]
+            try:
+                row = run_case(name, case, args, probe)
+            except Exception as err:  # noqa: BLE001 - report, go on with the next case
+                traceback.print_exc()
+                failures.append(f"{name}: raised {type(err).__name__}: {err}")
+                torch.cuda.empty_cache()
+                continue
+            rows.append(row)
+            fails = case_failures(row, args.tol)
+            failures += fails
+            s4 = row["stage4_ms"] or {}
+            print(f"[{i + 1}/{len(names)}] {name:<28} fwd {row['fwd_ms']['fla']:.3f} / "
+                  f"{row['fwd_ms']['kda_dhu']:.3f} ms  bwd {row['bwd_ms']['fla']:.3f} / "
+                  f"{row['bwd_ms']['kda_dhu']:.3f} ms  x{row['bwd_speedup']:.3f} bwd  "
+                  f"stage4 {_fmt(s4.get('fla'))} / {_fmt(s4.get('kda_dhu'))} ms  "
+                  f"max grad err {row['max_grad_rel_err']:.2e} (fla repeat "
+                  f"{row['max_fla_repeat_rel_err']:.2e})  [fla / kda-dhu; {row['case_s']:.0f} s, "
+                  f"first calls {row['first_calls_s']:.0f} s]  {'FAIL' if fails else 'ok'}", flush=True)
+            if row.get("seq_lens"):
+                sl = row["seq_lens"]
+                print(f"    {sl['n']} sequences, lengths min {sl['min']} median {sl['median']} "
+                      f"max {sl['max']} mean {sl['mean']:.0f}")
+            print_checks(row)
+        graph = None
+        if args.graph_probe:
+            try:
+                graph = graph_mode_probe(args, probe)
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                graph = {"error": f"{type(err).__name__}: {err}"}
+            print(f"graph-mode probe: {json.dumps(graph)}", flush=True)
+            if graph.get("fla", {}).get("ok") and not graph.get("kda_dhu", {}).get("ok"):
+                failures.append(f"graph-mode probe: fla's backward runs, with kda-dhu on it raises: "
+                                f"{graph['kda_dhu'].get('error')}")
+            elif graph.get("rel_err") and not all(e < args.tol for e in graph["rel_err"].values()):
+                failures.append(f"graph-mode probe: gradient rel err over {args.tol:g}: {graph['rel_err']}")
+    fla_log.removeHandler(capture)
+    fla_log.setLevel(old_level)
+
+    record = {
+        "date": datetime.date.today().isoformat(), "gpu": gpu, "fla_version": fla.__version__,
+        "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
+        "kda_dhu_version": kda_dhu.__version__, "kda_dhu_commit": commit,
+        "what": ("fla chunk_kda (and GDN where fla runs its backward) forward and backward, "
+                 f"use_qk_l2norm_in_kernel=True, bf16, output_final_state=True; kda-dhu's fla backend "
+                 f"off ({BACKEND_ENV}=0, 'fla') vs on (unset, 'kda_dhu'), same process, alternating; "
+                 "medians of CUDA events; bwd = torch.autograd.grad on a retained graph; stage4 = "
+                 "chunk_gated_delta_rule_bwd_dhu timed with CUDA events inside the backward"),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "settings": {"reps": args.reps, "warmup": args.warmup, "stage4_reps": args.stage4_reps,
+                     "check_normalizers": args.check_normalizers, "tol": args.tol, "seed": args.seed},
+        "fla_backend_log": capture.lines,
+        "rows": rows, "skipped": skipped, "graph_probe": graph, "failures": failures,
+        "total_s": time.time() - t_start,
+    }
+    print()
+    if rows or skipped:
+        print(markdown_table(record), end="")
+    for line in capture.lines:
+        print(f"fla log: {line}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        tag = gpu.replace(" ", "_")
+        for fname in (f"e2e-{record['date']}-{tag}.json", "e2e-latest.json"):
+            with open(os.path.join(args.out, fname), "w") as f:
+                json.dump(record, f, indent=1)
+        with open(os.path.join(args.out, "e2e-latest.md"), "w") as f:
+            f.write(markdown_table(record))
+        print(f"wrote {args.out}/e2e-latest.json")
+    print(f"total {record['total_s']:.0f} s")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
