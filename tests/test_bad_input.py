@@ -671,7 +671,7 @@ def test_varlen_chunks_rejects_bad_offsets(cu, T, match, dtype):
     cu_t = torch.tensor(cu, dtype=dtype)
     before = cu_t.clone()
     with pytest.raises(ValueError, match=match):
-        _dispatch._varlen_chunks(cu_t, T, None, None)
+        _dispatch._varlen_chunks(cu_t, T)
     assert torch.equal(cu_t, before)
 
 
@@ -683,11 +683,35 @@ def test_varlen_chunks_rejects_bad_offsets(cu, T, match, dtype):
     ([0, 65, 129], 129, 3, [0, 2, 3]),
 ])
 def test_varlen_chunks_accepts_good_offsets(cu, T, nt, offsets):
-    got_nt, got_offsets = _dispatch._varlen_chunks(torch.tensor(cu), T, None, None)
+    got_nt, got_offsets = _dispatch._varlen_chunks(torch.tensor(cu), T)
     assert got_nt == nt
     assert got_offsets.dtype == torch.int64 and got_offsets.tolist() == offsets
 
 
-def test_varlen_chunks_checks_chunk_indices_length():
-    with pytest.raises(ValueError, match=r"^chunk_indices: expected 2 chunks for these cu_seqlens, got 5$"):
-        _dispatch._varlen_chunks(torch.tensor([0, 100]), 200, torch.zeros(5, 2, dtype=torch.int64), None)
+def test_chunk_table_longer_than_the_sequences_goes_to_fla(monkeypatch):
+    """fla's CUDA-graph mode pads chunk_indices past the real chunk count; fla sizes dh by
+    it, so such a call runs fla's function (no error, no kernel launch)."""
+    sentinel = object()
+    monkeypatch.setattr(_dispatch, "_decide", lambda *a, **k: (True, "kernel-sm90a"))
+    monkeypatch.setattr(_dispatch, "fla_function", lambda: (lambda **kw: sentinel))
+
+    class NoLaunch:
+        @staticmethod
+        def launch(*a, **k):
+            raise AssertionError("the kernel must not launch")
+
+    monkeypatch.setattr(_dispatch, "_core", NoLaunch)
+    q = torch.zeros(1, 200, 1, 64, dtype=torch.bfloat16)
+    out = kda_dhu.chunk_gated_delta_rule_bwd_dhu(
+        q, q, q, q, q, cu_seqlens=torch.tensor([0, 100]), chunk_indices=torch.zeros(5, 2, dtype=torch.int64))
+    assert out is sentinel
+
+
+def test_use_graph_with_cu_seqlens_is_planned_to_fla(monkeypatch):
+    monkeypatch.setattr(_dispatch, "_decide", lambda *a, **k: (True, "kernel-sm90a"))
+    q = torch.zeros(1, 200, 1, 64, dtype=torch.bfloat16)
+    ok, reason = kda_dhu.plan_call(q, q, q, q, q, cu_seqlens=torch.tensor([0, 100]), use_graph=True)
+    assert not ok and reason.startswith("use_graph with cu_seqlens")
+    assert kda_dhu.plan_call(q, q, q, q, q, use_graph=True) == (True, "kernel-sm90a")
+
+

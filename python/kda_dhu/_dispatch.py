@@ -119,7 +119,7 @@ def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
     return ok, reason
 
 
-def _varlen_chunks(cu_seqlens: torch.Tensor, T: int, chunk_indices, chunk_offsets):
+def _varlen_chunks(cu_seqlens: torch.Tensor, T: int):
     """Checks cu_seqlens' values and returns (NT total, chunk_offsets as int64 [N+1]).
 
     Reads cu_seqlens on the host (one synchronization, as fla's own varlen path does
@@ -137,8 +137,6 @@ def _varlen_chunks(cu_seqlens: torch.Tensor, T: int, chunk_indices, chunk_offset
         raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] <= T = {T}, got {lens_host[-1]}")
     chunks = [(lens_host[i + 1] - lens_host[i] + BT - 1) // BT for i in range(len(lens_host) - 1)]
     NT = sum(chunks)
-    if chunk_indices is not None and len(chunk_indices) != NT:
-        raise ValueError(f"chunk_indices: expected {NT} chunks for these cu_seqlens, got {len(chunk_indices)}")
     # Always the offsets of these cu_seqlens: a caller's chunk_offsets (fla's
     # prepare_chunk_offsets, the same numbers) are not trusted to steer the kernel's stores.
     offs = [0]
@@ -172,8 +170,12 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     if cu_seqlens is not None:
-        NT, chunk_offsets = _varlen_chunks(cu_seqlens, T, chunk_indices, chunk_offsets)
+        NT, chunk_offsets = _varlen_chunks(cu_seqlens, T)
         if NT == 0:  # every sequence empty: nothing for a kernel to walk
+            return None
+        if chunk_indices is not None and len(chunk_indices) != NT:
+            # fla sizes dh by its chunk table, which may be longer than these sequences'
+            # chunks (fla's CUDA-graph mode pads it): fla's own function keeps its shapes.
             return None
     else:
         NT, chunk_offsets = (T + BT - 1) // BT, None
@@ -191,6 +193,14 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
     return dh, dh0, dv2
 
 
+def _graph_clause(cu_seqlens, use_graph) -> Optional[str]:
+    """The one clause the Python side adds to the plan (it alone knows use_graph)."""
+    if use_graph and cu_seqlens is not None:
+        return ("use_graph with cu_seqlens: the kernel path reads cu_seqlens on the host, "
+                "which a CUDA graph cannot capture")
+    return None
+
+
 def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
               state_v_first=False, cu_seqlens=None, chunk_size=64, chunk_indices=None,
               chunk_offsets=None, use_graph=False) -> Tuple[bool, Optional[str]]:
@@ -203,10 +213,13 @@ def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
     """
     try:
         with _device_ctx(q):
-            return _decide("extended", q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale),
-                           state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+            ok, reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht,
+                                 _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
+                                 chunk_offsets)
     except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
         return False, f"{type(err).__name__}: {err}"
+    graph = _graph_clause(cu_seqlens, use_graph)
+    return (False, graph) if ok and graph else (ok, reason)
 
 
 def chunk_gated_delta_rule_bwd_dhu(
@@ -248,7 +261,9 @@ def chunk_gated_delta_rule_bwd_dhu(
         cu_seqlens: int64 [N + 1] sequence offsets of a packed batch (B == 1), or None.
         chunk_size: 64 on the kernel path (fla handles others).
         chunk_indices, chunk_offsets: fla's precomputed varlen chunk tables, optional.
-        use_graph: fla's static output buffers for CUDA-graph capture.
+        use_graph: fla's static output buffers for CUDA-graph capture. With cu_seqlens the
+            call runs fla's function: the kernel path reads cu_seqlens on the host (to
+            check it and size dh), which a graph cannot capture.
 
     Returns:
         (dh, dh0, dv2): dh [B, NT, HV, K, V] in q's dtype (NT = ceil(T / 64), or the
@@ -277,7 +292,7 @@ def chunk_gated_delta_rule_bwd_dhu(
     with _device_ctx(q):
         use_kernel, reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
                                      state_v_first, cu_seqlens, chunk_size, chunk_offsets)
-        if use_kernel:
+        if use_kernel and not _graph_clause(cu_seqlens, use_graph):
             def run_kernel():
                 out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
                                   chunk_indices, chunk_offsets, use_graph)
