@@ -689,23 +689,27 @@ _VARLEN_CAPTURE = textwrap.dedent("""
             x = x.__context__ or x.__cause__
         print("RAISED | " + " || ".join(msgs), flush=True)
     else:
+        eager = kda_dhu.fla_function()(**a)
+        g.replay()
+        torch.cuda.synchronize()
         print("CAPTURED", flush=True)
 """)
 
 
 def test_varlen_call_cannot_be_captured_and_says_so():
-    """A varlen call reads cu_seqlens on the host, so it cannot be captured: trying raises
-    (in a child process: a failed capture can leave a process's CUDA state unusable) with
-    a message about capture, instead of capturing a graph with the lengths frozen in.
-    ~10 s (the child imports torch, fla and kda_dhu)."""
+    """The kernel path of a varlen call reads cu_seqlens on the host, so during capture
+    the dispatcher hands the call to fla: fla either captures it (its chunk tables cached
+    from the eager call) or raises about capture; never a graph with kda-dhu's host-read
+    lengths frozen in. (In a child process: a failed capture can leave a process's CUDA
+    state unusable.) ~10 s (the child imports torch, fla and kda_dhu)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     r = subprocess.run([sys.executable, "-c", _VARLEN_CAPTURE], capture_output=True, text=True,
                        timeout=150, env=env)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("RAISED", "CAPTURED"))]
     assert lines, f"child rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    assert lines[0].startswith("RAISED"), "a varlen call was captured: its host-read lengths would be stale"
-    assert "captur" in lines[0].lower(), f"unclear error: {lines[0]}"
+    if lines[0].startswith("RAISED"):
+        assert "captur" in lines[0].lower(), f"unclear error: {lines[0]}"
 
 
 # ------------------------------------------------------------- 8. torch.compile

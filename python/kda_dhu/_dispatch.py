@@ -194,10 +194,16 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
 
 
 def _graph_clause(cu_seqlens, use_graph) -> Optional[str]:
-    """The one clause the Python side adds to the plan (it alone knows use_graph)."""
-    if use_graph and cu_seqlens is not None:
+    """The one clause the Python side adds to the plan (it alone knows use_graph and
+    whether a CUDA graph is being captured)."""
+    if cu_seqlens is None:
+        return None
+    if use_graph:
         return ("use_graph with cu_seqlens: the kernel path reads cu_seqlens on the host, "
                 "which a CUDA graph cannot capture")
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return ("cu_seqlens during CUDA-graph capture: the kernel path reads cu_seqlens on "
+                "the host, which a graph cannot capture")
     return None
 
 
