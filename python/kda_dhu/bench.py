@@ -227,6 +227,37 @@ def markdown_table(record: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def plot(record: dict, path: str) -> bool:
+    """A PNG of a benchmark record: time over the bandwidth floor per shape, kda-dhu and
+    fla side by side (1.0 is the floor). False (and nothing written) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = record["rows"]
+    names = [r["shape"] for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(10, 4.2), dpi=110)
+    ax.bar([i - 0.2 for i in x], [r["over_floor"] for r in rows], 0.4, label="kda-dhu")
+    ax.bar([i + 0.2 for i in x], [r["fla_over_floor"] for r in rows], 0.4, label=f"fla {record['fla_version']}")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("time / bandwidth floor")
+    ax.set_title(f"chunk_gated_delta_rule_bwd_dhu on {record['gpu']} ({record['date']}, "
+                 f"kda_dhu {record['kda_dhu_commit']})", fontsize=9)
+    for i, r in enumerate(rows):
+        ax.text(i - 0.2, r["over_floor"], f"{r['speedup_vs_fla']:.2f}x", ha="center", va="bottom", fontsize=7)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--all", action="store_true", help="every shape of the table (SHAPES)")
@@ -235,6 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
     ap.add_argument("--table", default="", metavar="JSON",
                     help="print the markdown table of a recorded run and exit (no GPU needed)")
+    ap.add_argument("--plot", default="", metavar="PNG",
+                    help="with --table: also draw the record as a PNG (needs matplotlib)")
     args = ap.parse_args(argv)
     if args.table:
         try:
@@ -243,6 +276,8 @@ def main(argv=None) -> int:
             print(markdown_table(record), end="")
         except (OSError, ValueError, KeyError, TypeError) as err:
             ap.error(f"--table {args.table}: not a benchmark record ({type(err).__name__}: {err})")
+        if args.plot and not plot(record, args.plot):
+            print("kda_dhu.bench: matplotlib is not installed; no plot", file=sys.stderr)
         return 0
 
     if not torch.cuda.is_available():
@@ -263,7 +298,13 @@ def main(argv=None) -> int:
     print(f"{gpu}  torch {torch.__version__}  fla {fla.__version__}  kda_dhu {kda_dhu.__version__} "
           f"({git_commit()})  copy bandwidth {bw:.0f} GB/s", flush=True)
     results = []
-    for i, row in enumerate(rows):
+    try:
+        from tqdm import tqdm
+
+        progress = tqdm(rows, desc="shapes", unit="shape", file=sys.stderr, leave=False)
+    except ImportError:
+        progress = rows
+    for i, row in enumerate(progress):
         r = run_shape(row, bw, check_ref=not args.no_ref)
         results.append(r)
         print(f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
@@ -283,6 +324,7 @@ def main(argv=None) -> int:
                 json.dump(record, f, indent=1)
         with open(os.path.join(args.out, "latest.md"), "w") as f:
             f.write(markdown_table(record))
+        plot(record, os.path.join(args.out, "latest.png"))
     bad = [r["shape"] for r in results
            if not all(math.isfinite(v) for v in r["rel_err"].values() if v is not None)]
     return 1 if bad else 0
