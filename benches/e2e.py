@@ -55,10 +55,8 @@ import datetime
 import importlib
 import json
 import logging
-import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -281,19 +279,6 @@ class LogCapture(logging.Handler):
 
 # ----------------------------------------------------------------------------- measurement
 
-def rel_err(out, ref) -> float:
-    """||out - ref|| / ||ref|| in float64; inf if out is not finite."""
-    import torch
-
-    if out is None or ref is None:
-        return float("nan") if (out is None) != (ref is None) else 0.0
-    o = out.double()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    r = ref.double()
-    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-300))
-
-
 def alternate(fn, warmup: int, reps: int, on_mode=None) -> dict:
     """Median CUDA-event ms of fn() per mode, modes alternating (order swapped every
     iteration); events are read after one synchronization at the end. on_mode(mode,
@@ -319,6 +304,12 @@ def alternate(fn, warmup: int, reps: int, on_mode=None) -> dict:
         t = [s.elapsed_time(e) for s, e in pairs]
         out[mode] = {"median": statistics.median(t), "min": min(t), "max": max(t)}
     return out
+
+
+def rel_err(out, ref) -> float:
+    from kda_dhu.reference import rel_err as _rel_err  # one definition, the package's
+
+    return _rel_err(out, ref)
 
 
 def grad_check(case, args, probe: KernelProbe, spy: Stage4Spy, normalizer: float) -> dict:
@@ -495,18 +486,6 @@ def graph_mode_probe(args, probe: KernelProbe) -> dict:
     return out
 
 
-def git_commit() -> str:
-    c = os.environ.get("KDA_DHU_COMMIT")
-    if c:
-        return c
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))).strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
 def _fmt(v, spec=".3f"):
     return "-" if v is None else format(v, spec)
 
@@ -606,6 +585,7 @@ def main(argv=None) -> int:
     import fla
     import kda_dhu
     from kda_dhu import fla_backend
+    from kda_dhu.bench import git_commit
 
     usable, why = kda_dhu.cuda_status()
     if not usable:

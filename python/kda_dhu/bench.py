@@ -129,16 +129,6 @@ def time_ms(fn, warmup=10, reps=50) -> float:
     return statistics.median(times)
 
 
-def rel_err(out, ref) -> float:
-    if out is None or ref is None:
-        return float("nan") if (out is None) != (ref is None) else 0.0
-    o = out.double()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    r = ref.double()
-    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-300))
-
-
 def git_commit() -> str:
     c = os.environ.get("KDA_DHU_COMMIT")
     if c:
@@ -154,6 +144,7 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     """Time and check one shape; entry "extended" (fla's signature) or "b2a" (the seed's)."""
     import kda_dhu
     from kda_dhu import reference
+    from kda_dhu.reference import rel_err
 
     name, B, T, H, HV, K, V, gate, varlen = row
     lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
