@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# There (the GPU machine, via the device tool): the whole GPU check in one call.
+#   1. the GPU tests, sharded over SHARDS parallel pytest processes (fla's Triton
+#      autotuning compiles on the CPU: shards overlap it), with compute-sanitizer's
+#      memcheck / racecheck / synccheck (scripts/sanitize.sh) running alongside;
+#   2. then, alone on the GPU, the benchmark (BENCH_ARGS, default --all).
+# Logs under $OUT. fla's Triton cache is saved as $OUT/triton_cache.tgz; carried back as
+# .carry/triton_cache.tgz it saves the next machine the compiles.
+#   run(command="bash scripts/device_all.sh [pytest -k expr]", carry=[".carry"])
+# Environment: SHARDS (4), PHASE1_TIMEOUT (330 s), BENCH_TIMEOUT (220 s), SKIP_SAN=1,
+# SKIP_BENCH=1, SKIP_TESTS=1, BENCH_ARGS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# $OUT brings back at most 8 files: logs go to $RES, tarred into $OUT/logs.tgz at the end.
+RES=/tmp/res; rm -rf "$RES"; mkdir -p "$RES"
+t_start=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t_start )) s] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+export KDA_DHU_COMMIT=$(cat .carry/COMMIT 2>/dev/null || echo unknown)
+export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
+[ -f .carry/triton_cache.tgz ] && tar xzf .carry/triton_cache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch, fla, kda_dhu; print('torch', torch.__version__, 'fla', fla.__version__, 'kda_dhu', kda_dhu.cuda_status())"
+rc=0
+if [ -z "${SKIP_TESTS:-}" ]; then
+  SHARDS=${SHARDS:-4}
+  python3 -m pytest tests -q -m gpu -p no:cacheprovider --collect-only "$@" 2>/dev/null | grep "::" > "$RES/ids.txt"
+  stamp "collected $(wc -l < "$RES/ids.txt") GPU tests, $SHARDS shards"
+  pids=()
+  for s in $(seq 0 $((SHARDS - 1))); do
+    awk -v s="$s" -v n="$SHARDS" 'NR % n == s' "$RES/ids.txt" > "/tmp/shard_$s.txt"
+    timeout --kill-after=10 "${PHASE1_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider --timeout=200 \
+      $(cat "/tmp/shard_$s.txt") > "$RES/pytest_$s.log" 2>&1 &
+    pids+=($!)
+  done
+  if [ -z "${SKIP_SAN:-}" ]; then
+    OUT=$RES SAN_TIMEOUT=$(( ${PHASE1_TIMEOUT:-330} / 3 - 5 )) timeout "${PHASE1_TIMEOUT:-330}" bash scripts/sanitize.sh > "$RES/sanitize.log" 2>&1 &
+    san=$!
+  fi
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  stamp "tests done (rc $rc)"
+  for s in $(seq 0 $((SHARDS - 1))); do
+    grep -E "passed|failed|error|FAILED|ERROR" "$RES/pytest_$s.log" | tail -n 12
+  done
+  if [ -n "${san:-}" ]; then wait "$san" || rc=1; stamp "sanitizers done"; tail -n 6 "$RES/sanitize.log"; fi
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 "${BENCH_TIMEOUT:-220}" python3 -m kda_dhu.bench ${BENCH_ARGS:---all} --out "$OUT" > "$RES/bench.log" 2>&1 || rc=1
+  stamp "bench done"; grep -v "it/s\|s/it" "$RES/bench.log" | tail -n 20
+fi
+(cd "$RES" && tar czf "$OUT/logs.tgz" .)
+(cd "$TRITON_CACHE_DIR" && tar czf "$OUT/triton_cache.tgz" . 2>/dev/null); ls -la "$OUT/triton_cache.tgz"
+stamp "end (rc $rc)"
+exit $rc
