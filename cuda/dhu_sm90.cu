@@ -55,6 +55,7 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include "dhu_common.cuh"
 #include "dhu_params.h"
@@ -65,30 +66,38 @@ namespace sm90 {
 using namespace cute;
 
 constexpr int BT = 64;
-constexpr int BV = 64;
-constexpr int NUM_CONSUMER_THREADS = 128;
-constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + 32;
+constexpr int BV = 64;                 // V columns per consumer warpgroup
+constexpr int WG_THREADS = 128;
 constexpr int STAGES = 2;
-constexpr int BH_BUFS = 3;
 constexpr int DV2_BUFS = 2;
-constexpr int CONSUMER_BARRIER = 1;  // named barrier id (0 is __syncthreads)
+// Named barrier ids (0 is __syncthreads): 1 + wg for warpgroup wg's 128 threads, and
+// ALL_CONSUMERS for every consumer thread (NWG = 2: the shared q/w rows of a short chunk).
+constexpr int ALL_CONSUMERS = 3;
+// NWG = 1: 4 consumer warps + 1 producer warp. NWG = 2: the producer is a whole warpgroup
+// (one warp works, three leave) so that setmaxnreg can move its registers to the
+// consumers: ptxas budgets a block in units of 4 warps, and 2 x 128 consumers need more
+// than 65536 / 384 registers each.
+template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 32 : (NWG + 1) * WG_THREADS; }
+constexpr int PRODUCER_REGS_WG2 = 24;
+constexpr int CONSUMER_REGS_WG2 = 240;  // 2 x 128 x 240 + 128 x 24 = 64512 <= 65536
+
 
 // Shared memory map, in bytes from a 1024-aligned base. Mirrored by smem_bytes_sm90 in
 // src/launch.rs (the host asks for SMEM_BYTES + 1024 of dynamic shared memory).
-template <int K>
+template <int K, int NWG>
 struct SmemMap {
   static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
-  static constexpr int VTILE = BT * BV * 2;        // one of do, dv, dv2
+  static constexpr int VTILE = BT * BV * 2;        // one warpgroup's tile of do, dv, dv2
   static constexpr int K_OFF = 0;
   static constexpr int Q_OFF = K_OFF + KTILE;
   static constexpr int W_OFF = Q_OFF + KTILE;
-  static constexpr int DO_OFF = W_OFF + KTILE;
-  static constexpr int DV_OFF = DO_OFF + VTILE;
-  static constexpr int STAGE = DV_OFF + VTILE;
-  static constexpr int BH_OFF = STAGES * STAGE;
+  static constexpr int DO_OFF = W_OFF + KTILE;     // NWG tiles
+  static constexpr int DV_OFF = DO_OFF + NWG * VTILE;
+  static constexpr int STAGE = DV_OFF + NWG * VTILE;
+  static constexpr int BH_OFF = STAGES * STAGE;    // one sBh per warpgroup
   static constexpr int BH = K * BV * 2;
-  static constexpr int DV2_OFF = BH_OFF + BH_BUFS * BH;
-  static constexpr int GK_OFF = DV2_OFF + DV2_BUFS * VTILE;
+  static constexpr int DV2_OFF = BH_OFF + NWG * BH;  // DV2_BUFS per warpgroup
+  static constexpr int GK_OFF = DV2_OFF + NWG * DV2_BUFS * VTILE;
   static constexpr int G_OFF = GK_OFF + STAGES * K * 4;
   static constexpr int G_LEN = 80;                 // 64 g values + g[e-1], padded
   static constexpr int BAR_OFF = G_OFF + STAGES * G_LEN * 4;
@@ -105,13 +114,12 @@ template <> struct Mma<cutlass::half_t> {
   using UPD = SM90_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
 };
 
-__device__ __forceinline__ void consumer_sync() { named_sync(NUM_CONSUMER_THREADS, CONSUMER_BARRIER); }
-
-template <int K, class T>
+template <int K, class T, int NWG>
 __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
-  using Map = SmemMap<K>;
+  using Map = SmemMap<K, NWG>;
   using MmaOps = Mma<T>;
   constexpr int KB = K / 64;  // 64-wide K boxes per tile
+  constexpr int CONSUMERS = NWG * WG_THREADS;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -120,7 +128,6 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   uint64_t* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x;
-  const int v_tile = blockIdx.x;
   const int hv = blockIdx.y;
   const int n = blockIdx.z;
   const int h = hv / (p.HV / p.H);
@@ -147,16 +154,21 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty_bar[s], NUM_CONSUMER_THREADS / 32);
+      // Every consumer thread releases the stage itself (its own reads, its own arrive).
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], CONSUMERS);
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
-  if (tid >= NUM_CONSUMER_THREADS) {
+  if (tid >= CONSUMERS) {
     // ------------------------------------------------------------------ producer warp
-    const int lane = tid - NUM_CONSUMER_THREADS;
-    const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * Map::VTILE + (use_gk ? K * 4 : 0));
+    if constexpr (NWG > 1) {
+      cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS_WG2>();
+      if (tid >= CONSUMERS + 32) return;
+    }
+    const int lane = tid - CONSUMERS;
+    const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE + (use_gk ? K * 4 : 0));
     for (int i = 0; i < NC; ++i) {
       const int c = NC - 1 - i;
       const int s = i % STAGES;
@@ -182,8 +194,11 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
           SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0i, b_row);
           SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0i, b_row);
         }
-        SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF, v_tile * BV, hv, t0i, b_row);
-        SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF, v_tile * BV, hv, t0i, b_row);
+        for (int wg = 0; wg < NWG; ++wg) {
+          const int v0 = (blockIdx.x * NWG + wg) * BV;
+          SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0i, b_row);
+          SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0i, b_row);
+        }
         if (use_gk) {
           const float* gk_row = p.gk + ((int64_t(b_row) * p.T + t_last) * p.HV + hv) * K;
           SM90_BULK_COPY_G2S::copy(gk_row, &full_bar[s], smem + Map::GK_OFF + s * K * 4, K * 4);
@@ -191,19 +206,31 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       }
     }
     // A padded packed batch (cu_seqlens[-1] < T): the last sequence's CTAs write zeros
-    // to dv2's padding rows for their (hv, V tile), as fla leaves them unwritten.
+    // to dv2's padding rows for their (hv, V columns), as fla leaves them unwritten.
     if (varlen && n == int(gridDim.z) - 1) {
       const int64_t pad0 = bos + len;
       T* dv2 = reinterpret_cast<T*>(p.dv2);
       for (int64_t t = pad0 + lane / 8; t < p.T; t += 4) {
-        uint4* dst = reinterpret_cast<uint4*>(dv2 + (t * p.HV + hv) * p.V + v_tile * BV) + (lane % 8);
-        *dst = make_uint4(0, 0, 0, 0);
+        for (int wg = 0; wg < NWG; ++wg) {
+          const int v0 = (blockIdx.x * NWG + wg) * BV;
+          uint4* dst = reinterpret_cast<uint4*>(dv2 + (t * p.HV + hv) * p.V + v0) + (lane % 8);
+          *dst = make_uint4(0, 0, 0, 0);
+        }
       }
     }
     return;
   }
 
   // -------------------------------------------------------------------- consumers
+  if constexpr (NWG > 1) cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS_WG2>();
+  // Warpgroup wg owns V columns [v0, v0 + 64): its own chain (c, sBh, sDv2, stores);
+  // k, q, w and the gates of a stage are shared by the NWG warpgroups.
+  const int wg = tid / WG_THREADS;
+  const int ctid = tid % WG_THREADS;
+  const bool leader = ctid == 0;  // issues the warpgroup's TMA stores
+  const int v0 = (blockIdx.x * NWG + wg) * BV;
+  auto wg_sync = [&]() { named_sync(WG_THREADS, 1 + wg); };
+
   // wgmma partitions. DV: (M = t, N = v, K = k). QD/WD: (M = k, N = v, K = t).
   using LayoutKt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BT>, Int<K>>{}));
   using LayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<K>, Int<BT>>{}, Step<_2, _1>{}));
@@ -212,8 +239,8 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
 
   auto mma_dv = make_tiled_mma(typename MmaOps::DV{});
   auto mma_upd = make_tiled_mma(typename MmaOps::UPD{});
-  auto thr_dv = mma_dv.get_thread_slice(tid);
-  auto thr_upd = mma_upd.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(ctid);
+  auto thr_upd = mma_upd.get_thread_slice(ctid);
 
   // Register accumulators and the (row, col) each of their elements holds.
   Tensor accC = partition_fragment_C(mma_upd, Shape<Int<K>, Int<BV>>{});   // c = -b
@@ -222,18 +249,18 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   constexpr int NB = BV / 2;          // accumulator elements per 64-row block per thread
   constexpr int MB = K / 64;          // 64-row blocks of the [K, BV] state
   static_assert(size(accDV) == NB && size(accC) == NB * MB, "wgmma D fragment layout");
-  const FragGeom fg(tid);
+  const FragGeom fg(ctid);
 
-  T* smem_t = reinterpret_cast<T*>(smem);
   auto s_at = [&](int off) { return make_smem_ptr(reinterpret_cast<T*>(smem + off)); };
-  (void)smem_t;
+  const int BH_OFF = Map::BH_OFF + wg * Map::BH;          // this warpgroup's sBh
+  const uint32_t sBh_u32 = smem_u32 + BH_OFF;
+  const int DO_OFF = Map::DO_OFF + wg * Map::VTILE;       // within a stage
+  const int DV_OFF = Map::DV_OFF + wg * Map::VTILE;
 
   const int64_t nh = int64_t(n) * p.HV + hv;      // (sequence, value head) for dht/dh0
-  const int v0 = v_tile * BV;
 
-  // c = -dht (or 0); bf16(b) -> sBh[0].
+  // c = -dht (or 0); bf16(b) -> sBh.
   {
-    const uint32_t bh = smem_u32 + Map::BH_OFF;
     CUTE_UNROLL
     for (int i = 0; i < NB * MB; i += 2) {
       const int e = i % NB, mb = i / NB;
@@ -243,12 +270,17 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
         x = *reinterpret_cast<const float2*>(p.dht + (nh * K + row) * p.V + v0 + col);
       accC(i) = -x.x;
       accC(i + 1) = -x.y;
-      st_shared_u32(bh + fg.sw(e) + mb * 64 * 128, pack2<T>(x.x, x.y));
+      st_shared_u32(sBh_u32 + fg.sw(e) + mb * 64 * 128, pack2<T>(x.x, x.y));
     }
     fence_proxy_async();
-    consumer_sync();
+    wg_sync();
   }
 
+  // TMA store groups of a warpgroup (its leader thread): per chunk i, {dh[i]} is committed
+  // at the chunk's start (source sBh) and {dv2[i]} mid-chunk (source sDv2[i % 2]). Before
+  // the warpgroup barrier that precedes the dv2[i] store, the leader waits until every
+  // earlier group has been read out of shared memory: dh[i] (so that sBh may be rewritten
+  // at the chunk's end) and dv2[i - 1] (so that chunk i + 1 may rewrite sDv2[(i + 1) % 2]).
   for (int i = 0; i < NC; ++i) {
     const int c = NC - 1 - i;
     const int s = i % STAGES;
@@ -257,14 +289,14 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     const bool partial = varlen && rows < BT;
     uint8_t* st = smem + s * Map::STAGE;
     const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
-    const int bh_buf = i % BH_BUFS;
     const int dv2_buf = i % DV2_BUFS;
-    const uint32_t sBh_u32 = smem_u32 + Map::BH_OFF + bh_buf * Map::BH;
-    const uint32_t sDv2_u32 = smem_u32 + Map::DV2_OFF + dv2_buf * Map::VTILE;
+    const int DV2_OFF = Map::DV2_OFF + (wg * DV2_BUFS + dv2_buf) * Map::VTILE;
+    const uint32_t sDv2_u32 = smem_u32 + DV2_OFF;
 
-    // dh[chunk] = bf16(b), from the buffer the previous chunk (or the prologue) wrote.
-    if (tid == 0) {
-      SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + bh_buf * Map::BH, v0, 0, hv, int(chunk));
+    // dh[chunk] = bf16(b), written to sBh by the previous chunk (or the prologue).
+    if (leader) {
+      SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + BH_OFF, v0, 0, hv, int(chunk));
+      tma_store_arrive();
     }
 
     wait_bar(&full_bar[s], (i / STAGES) & 1);
@@ -273,9 +305,9 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     const float* sG = reinterpret_cast<const float*>(smem + Map::G_OFF) + s * Map::G_LEN;
     if (partial || use_g) {
       // 64 rows x 8 chunks of 16 bytes; the swizzle permutes chunks within a row only.
-      for (int j = tid; j < BT * 8; j += NUM_CONSUMER_THREADS) {
+      for (int j = ctid; j < BT * 8; j += WG_THREADS) {
         const int row = j >> 3;
-        const uint32_t a = st_u32 + Map::DO_OFF + row * 128 + (j & 7) * 16;
+        const uint32_t a = st_u32 + DO_OFF + row * 128 + (j & 7) * 16;
         if (row >= rows) {
           st_shared_v4(a, make_uint4(0, 0, 0, 0));
         } else if (use_g) {
@@ -295,24 +327,27 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
         // and dv2 already remove their terms from QD and WD, but 0 * NaN or 0 * Inf in
         // memory outside the sequence (the never-written padding of a packed batch)
         // would not vanish. fla masks these loads. Each tile is K/64 boxes of
-        // [64 rows][128 bytes].
-        for (int j = tid; j < KB * BT * 8; j += NUM_CONSUMER_THREADS) {
+        // [64 rows][128 bytes]; q and w are shared, so with two warpgroups each zeroes one.
+        for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
           const int row = (j >> 3) % BT;
           if (row >= rows) {
             const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;  // box * BT * 128 + row * 128 + chunk
-            st_shared_v4(st_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
-            st_shared_v4(st_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+            if (NWG == 1 || wg == 0) st_shared_v4(st_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+            if (NWG == 1 || wg == 1) st_shared_v4(st_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
           }
         }
       }
       fence_proxy_async();
-      consumer_sync();
+      if (NWG > 1 && partial)
+        named_sync(CONSUMERS, ALL_CONSUMERS);
+      else
+        wg_sync();
     }
 
     // DV = k . bf16(b)  and  QD = q^T . do, one batch each.
     {
       Tensor sK = make_tensor(s_at(s * Map::STAGE + Map::K_OFF), LayoutKt{});
-      Tensor sBh = make_tensor(s_at(Map::BH_OFF + bh_buf * Map::BH), LayoutBh{});
+      Tensor sBh = make_tensor(s_at(BH_OFF), LayoutBh{});
       Tensor tA = thr_dv.make_fragment_A(thr_dv.partition_A(sK));
       Tensor tB = thr_dv.make_fragment_B(thr_dv.partition_B(sBh));
       warpgroup_fence_operand(accDV);
@@ -328,7 +363,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     }
     {
       Tensor sQ = make_tensor(s_at(s * Map::STAGE + Map::Q_OFF), LayoutQt{});
-      Tensor sDo = make_tensor(s_at(s * Map::STAGE + Map::DO_OFF), LayoutVt{});
+      Tensor sDo = make_tensor(s_at(s * Map::STAGE + DO_OFF), LayoutVt{});
       Tensor tA = thr_upd.make_fragment_A(thr_upd.partition_A(sQ));
       Tensor tB = thr_upd.make_fragment_B(thr_upd.partition_B(sDo));
       warpgroup_fence_operand(accQD);
@@ -360,7 +395,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
         const int row = fg.row(j), col = fg.col(j);
         const float gt = gate[(j >> 1) & 1];
         const uint32_t off = fg.sw(j);
-        const float2 d = unpack2<T>(ld_shared_u32(st_u32 + Map::DV_OFF + off));
+        const float2 d = unpack2<T>(ld_shared_u32(st_u32 + DV_OFF + off));
         uint32_t packed = pack2<T>(accDV(j) * gt + d.x, accDV(j + 1) * gt + d.y);
         if (row >= rows) packed = 0u;
         st_shared_u32(sDv2_u32 + off, packed);
@@ -370,12 +405,12 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
         }
       }
       fence_proxy_async();
-      consumer_sync();
-      if (tid == 0) {
+      if (leader) tma_store_wait<0>();  // dh[i] and dv2[i - 1] read out of smem
+      wg_sync();
+      if (leader) {
         if (!partial)
-          SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + Map::DV2_OFF + dv2_buf * Map::VTILE, v0, hv,
-                                  int(bos + int64_t(c) * BT), b_row);
-        tma_store_arrive();  // one bulk group per chunk: {dh[chunk], dv2 tile}
+          SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT), b_row);
+        tma_store_arrive();
       }
     }
 
@@ -389,8 +424,8 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       CUTE_UNROLL
       for (int mb = 0; mb < MB; ++mb) {
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h)
-          decay[mb][h] = use_gk ? fast_exp2(sGk[fg.row(2 * h) + 64 * mb]) * g_decay : g_decay;
+        for (int hh = 0; hh < 2; ++hh)
+          decay[mb][hh] = use_gk ? fast_exp2(sGk[fg.row(2 * hh) + 64 * mb]) * g_decay : g_decay;
       }
       const float scale = p.scale;
       CUTE_UNROLL
@@ -402,7 +437,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     // c += w^T . dv2  (c = -b, so this is b -= w^T dv2)
     {
       Tensor sW = make_tensor(s_at(s * Map::STAGE + Map::W_OFF), LayoutQt{});
-      Tensor sDv2 = make_tensor(s_at(Map::DV2_OFF + dv2_buf * Map::VTILE), LayoutVt{});
+      Tensor sDv2 = make_tensor(s_at(DV2_OFF), LayoutVt{});
       Tensor tA = thr_upd.make_fragment_A(thr_upd.partition_A(sW));
       Tensor tB = thr_upd.make_fragment_B(thr_upd.partition_B(sDv2));
       warpgroup_fence_operand(accC);
@@ -417,21 +452,20 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       warpgroup_fence_operand(accC);
     }
 
-    // The stage's operands are consumed: hand it back to the producer.
-    __syncwarp();
-    if ((tid & 31) == 0) arrive_bar(&empty_bar[s]);
+    // The stage's operands are consumed (every read of this thread, generic or wgmma,
+    // is complete): hand it back to the producer.
+    arrive_bar(&empty_bar[s]);
 
-    // bf16(b) for the next chunk -> sBh[(i+1) % 3] (last read by chunk i-2's store group).
+    // bf16(b) for the next chunk -> sBh (dh[i] was read out before the barrier above;
+    // this warpgroup's DV wgmma, its other reader, has completed).
     if (i + 1 < NC) {
-      const uint32_t next = smem_u32 + Map::BH_OFF + ((i + 1) % BH_BUFS) * Map::BH;
       CUTE_UNROLL
       for (int j = 0; j < NB * MB; j += 2) {
-        st_shared_u32(next + fg.sw(j % NB) + (j / NB) * 64 * 128, pack2<T>(-accC(j), -accC(j + 1)));
+        st_shared_u32(sBh_u32 + fg.sw(j % NB) + (j / NB) * 64 * 128, pack2<T>(-accC(j), -accC(j + 1)));
       }
       fence_proxy_async();
+      wg_sync();
     }
-    if (tid == 0) tma_store_wait<1>();  // chunk i-1's group has been read out of smem
-    consumer_sync();
   }
 
   // dh0 = b after the oldest chunk.
@@ -442,19 +476,26 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       *reinterpret_cast<float2*>(p.dh0 + (nh * K + row) * p.V + v0 + col) = make_float2(-accC(j), -accC(j + 1));
     }
   }
-  if (tid == 0) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
+  if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
 }
 
 }  // namespace sm90
 }  // namespace kda_dhu
 
-#define KDA_DHU_SM90_ENTRY(NAME, K, T)                                                     \
-  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90::NUM_THREADS, 1)            \
+#define KDA_DHU_SM90_ENTRY(NAME, K, T, NWG)                                                \
+  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90::num_threads<NWG>(), 1)     \
       NAME(const __grid_constant__ kda_dhu::DhuParams p) {                               \
-    kda_dhu::sm90::dhu_kernel<K, T>(p);                                                   \
+    kda_dhu::sm90::dhu_kernel<K, T, NWG>(p);                                              \
   }
 
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16, 64, cutlass::bfloat16_t)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16, 64, cutlass::half_t)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16, 128, cutlass::bfloat16_t)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16, 128, cutlass::half_t)
+// One warpgroup per CTA (64 V columns): the most CTAs, for grids below a few waves.
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16, 64, cutlass::bfloat16_t, 1)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16, 64, cutlass::half_t, 1)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16, 128, cutlass::bfloat16_t, 1)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16, 128, cutlass::half_t, 1)
+// Two warpgroups per CTA (128 V columns of one head): k, q, w read once for both, two
+// independent chains per SM.
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_wg2, 64, cutlass::bfloat16_t, 2)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_wg2, 64, cutlass::half_t, 2)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_wg2, 128, cutlass::bfloat16_t, 2)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_wg2, 128, cutlass::half_t, 2)

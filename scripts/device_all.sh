@@ -4,11 +4,10 @@
 #      autotuning compiles on the CPU: shards overlap it), with compute-sanitizer's
 #      memcheck / racecheck / synccheck (scripts/sanitize.sh) running alongside;
 #   2. then, alone on the GPU, the benchmark (BENCH_ARGS, default --all).
-# Logs under $OUT. fla's Triton cache is saved as $OUT/triton_cache.tgz; carried back as
-# .carry/triton_cache.tgz it saves the next machine the compiles.
+# Logs come back as $OUT/logs.tgz.
 #   run(command="bash scripts/device_all.sh [pytest -k expr]", carry=[".carry"])
 # Environment: SHARDS (4), PHASE1_TIMEOUT (330 s), BENCH_TIMEOUT (220 s), SKIP_SAN=1,
-# SKIP_BENCH=1, SKIP_TESTS=1, BENCH_ARGS.
+# SKIP_BENCH=1, SKIP_TESTS=1, BENCH_CMD (python3 -m kda_dhu.bench), BENCH_ARGS (--all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -49,10 +48,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   # shellcheck disable=SC2086
-  timeout --kill-after=10 "${BENCH_TIMEOUT:-220}" python3 -m kda_dhu.bench ${BENCH_ARGS:---all} --out "$OUT" > "$RES/bench.log" 2>&1 || rc=1
+  timeout --kill-after=10 "${BENCH_TIMEOUT:-220}" ${BENCH_CMD:-python3 -m kda_dhu.bench} ${BENCH_ARGS:---all} --out "$OUT" > "$RES/bench.log" 2>&1 || rc=1
   stamp "bench done"; grep -v "it/s\|s/it" "$RES/bench.log" | tail -n 20
 fi
 (cd "$RES" && tar czf "$OUT/logs.tgz" .)
-(cd "$TRITON_CACHE_DIR" && tar czf "$OUT/triton_cache.tgz" . 2>/dev/null); ls -la "$OUT/triton_cache.tgz"
 stamp "end (rc $rc)"
 exit $rc

@@ -45,6 +45,11 @@ CASES = [
                                h0=False)),
     ("fp16_varlen_g", dict(B=1, T=None, H=1, HV=2, K=128, V=64, gate="g",
                            varlen_lengths=[70, 5], dtype=torch.float16)),
+    # Two consumer warpgroups per CTA (KDA_DHU_SM90_NWG=2; V % 128 == 0).
+    ("wg2_envelope_k128", dict(B=2, T=128, H=2, HV=2, K=128, V=128, gate="gk", nwg=2)),
+    ("wg2_varlen_padded_g", dict(B=1, T=256, H=2, HV=2, K=64, V=128, gate="g",
+                                 varlen_lengths=[100, 30, 70], nwg=2)),
+    ("wg2_gva_tail_v256", dict(B=1, T=130, H=1, HV=2, K=128, V=256, gate="gk", nwg=2)),
 ]
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -58,6 +63,11 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
 
     spec = dict(spec)
     dtype = spec.pop("dtype", torch.bfloat16)
+    nwg = spec.pop("nwg", None)
+    if nwg is None:
+        os.environ.pop("KDA_DHU_SM90_NWG", None)
+    else:
+        os.environ["KDA_DHU_SM90_NWG"] = str(nwg)
     a = make_inputs(dtype=dtype, device="cuda", generator=gen, **spec)
     ok, reason = _dispatch._decide(
         "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],

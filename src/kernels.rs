@@ -140,10 +140,14 @@ mod tests {
     }
 
     fn entry_points(arch: Arch) -> Vec<&'static str> {
-        [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)]
-            .into_iter()
-            .map(|(k, dtype)| KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1] }.entry_point(arch))
-            .collect()
+        let nwgs: &[u32] = if arch == Arch::Sm90 { &[1, 2] } else { &[1] };
+        let mut names = Vec::new();
+        for &nwg in nwgs {
+            for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
+                names.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg }.entry_point(arch));
+            }
+        }
+        names
     }
 
     /// The image launch.rs loads for `arch` holds SASS for that exact target and a

@@ -18,23 +18,23 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUfunct
 use std::ffi::{c_void, CString};
 use std::sync::OnceLock;
 
-/// Dynamic shared memory of the Hopper kernel for head dim `k`: mirror of
-/// `SmemMap<K>::BYTES` in cuda/dhu_sm90.cu plus 1024 bytes to align the base to 1024
-/// (what that file's comment asks the host for). Change both together.
-pub fn smem_bytes_sm90(k: u32) -> u32 {
+/// Dynamic shared memory of the Hopper kernel for head dim `k` and `nwg` consumer
+/// warpgroups: mirror of `SmemMap<K, NWG>::BYTES` in cuda/dhu_sm90.cu plus 1024 bytes to
+/// align the base to 1024 (what that file's comment asks the host for). Change both
+/// together.
+pub fn smem_bytes_sm90(k: u32, nwg: u32) -> u32 {
     const BT: u32 = 64;
     const BV: u32 = 64;
     const STAGES: u32 = 2;
-    const BH_BUFS: u32 = 3;
     const DV2_BUFS: u32 = 2;
     const G_LEN: u32 = 80;
     let ktile = BT * k * 2; // one of k, q, w for one chunk
-    let vtile = BT * BV * 2; // one of do, dv, dv2
-    let stage = 3 * ktile + 2 * vtile;
+    let vtile = BT * BV * 2; // one warpgroup's tile of do, dv, dv2
+    let stage = 3 * ktile + 2 * nwg * vtile;
     let bh = k * BV * 2;
     let bytes = STAGES * stage // TMA ring
-        + BH_BUFS * bh // bf16 state: DV's B operand and the dh checkpoint
-        + DV2_BUFS * vtile // dv2 staging
+        + nwg * bh // bf16 state per warpgroup: DV's B operand and the dh checkpoint
+        + nwg * DV2_BUFS * vtile // dv2 staging per warpgroup
         + STAGES * k * 4 // gk rows
         + STAGES * G_LEN * 4 // g values
         + 4 * 8; // mbarriers
@@ -64,10 +64,10 @@ pub fn smem_bytes_sm100(k: u32) -> u32 {
     bytes + 1024
 }
 
-/// Dynamic shared memory of `arch`'s kernel for head dim `k`.
-pub fn smem_bytes(arch: Arch, k: u32) -> u32 {
+/// Dynamic shared memory of `arch`'s kernel for head dim `k` (`nwg` warpgroups on sm_90a).
+pub fn smem_bytes(arch: Arch, k: u32, nwg: u32) -> u32 {
     match arch {
-        Arch::Sm90 => smem_bytes_sm90(k),
+        Arch::Sm90 => smem_bytes_sm90(k, nwg),
         Arch::Sm100 => smem_bytes_sm100(k),
     }
 }
@@ -83,7 +83,7 @@ unsafe impl<T> Sync for Handle<T> {}
 struct Kernels {
     _module: Handle<CUmodule>,
     /// Indexed by KernelConfig::slot(): k64 bf16, k64 fp16, k128 bf16, k128 fp16.
-    funcs: [Handle<CUfunction>; 4],
+    funcs: [Handle<CUfunction>; 8],
 }
 
 struct DeviceState {
@@ -210,14 +210,16 @@ impl DeviceState {
                 check(unsafe { sys::cuModuleLoadData(&mut module, image.image.0.as_ptr() as *const c_void) }, || {
                     format!("cuModuleLoadData({}.{}) on cuda:{}", arch.stem(), arch.sass(), self.ordinal)
                 })?;
-                let mut funcs = [Handle(std::ptr::null_mut()); 4];
-                for (slot, (k, dtype)) in
+                let mut funcs = [Handle(std::ptr::null_mut()); 8];
+                let nwgs: &[u32] = if arch == Arch::Sm90 { &[1, 2] } else { &[1] };
+                let configs = nwgs.iter().flat_map(|&nwg| {
                     [(64, crate::tensor::DType::BF16), (64, crate::tensor::DType::F16), (128, crate::tensor::DType::BF16), (128, crate::tensor::DType::F16)]
                         .into_iter()
-                        .enumerate()
-                {
-                    let cfg = KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1] };
+                        .map(move |(k, dtype)| KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg })
+                });
+                for (slot, cfg) in configs.enumerate() {
                     debug_assert_eq!(cfg.slot(), slot);
+                    let k = cfg.k;
                     let name = cfg.entry_point(arch);
                     let cname = CString::new(name).expect("entry point names have no NUL");
                     let mut f: CUfunction = std::ptr::null_mut();
@@ -225,7 +227,7 @@ impl DeviceState {
                     check(unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, || {
                         format!("cuModuleGetFunction({name})")
                     })?;
-                    let smem = smem_bytes(arch, k);
+                    let smem = smem_bytes(arch, k, cfg.nwg);
                     if smem as i64 > self.max_smem_optin as i64 {
                         return Err(Error::Internal(format!(
                             "{name} needs {smem} bytes of shared memory, cuda:{} allows {}",
@@ -363,8 +365,8 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
     let ctx = dev.context()?;
     let _scope = CtxScope::enter(ctx)?;
     let f = dev.kernels(arch)?.funcs[config.slot()].0;
-    let smem = smem_bytes(arch, config.k);
-    let block = arch.block_threads();
+    let smem = smem_bytes(arch, config.k, config.nwg);
+    let block = config.block_threads(arch);
     let [gx, gy, gz] = config.grid;
     let mut kernel_args: [*mut c_void; 1] = [&mut params as *mut DhuParams as *mut c_void];
     // SAFETY: f belongs to the current context's module; kernel_args points at one
@@ -420,7 +422,7 @@ mod tests {
         let o = outs(&a, 16);
         let nt = validate_outputs(&desc, &o).unwrap();
         assert_eq!(nt, 16);
-        let config = KernelConfig { k: 64, dtype: DType::BF16, flags: FLAG_GK | FLAG_DHT | FLAG_DH0, grid: [2, 8, 2] };
+        let config = KernelConfig { k: 64, dtype: DType::BF16, flags: FLAG_GK | FLAG_DHT | FLAG_DH0, grid: [2, 8, 2], nwg: 1 };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
         assert_eq!(p.scale, 0.5);
@@ -442,7 +444,7 @@ mod tests {
         a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I64, Device::cpu()));
         let desc = validate(&a, false).unwrap();
         let o = outs(&a, 17);
-        let config = KernelConfig { k: 128, dtype: DType::BF16, flags: FLAG_GK | FLAG_VARLEN, grid: [1, 4, 3] };
+        let config = KernelConfig { k: 128, dtype: DType::BF16, flags: FLAG_GK | FLAG_VARLEN, grid: [1, 4, 3], nwg: 1 };
         let e = fill_scalars(&a, &o, &desc, &config, 17).unwrap_err();
         assert!(e.to_string().starts_with("chunk_offsets: expected a tensor with cu_seqlens"), "{e}");
         a.chunk_offsets = Some(TensorMeta::contiguous(0x80, &[4], DType::I64, Device::cpu()));
@@ -453,14 +455,21 @@ mod tests {
 
     #[test]
     fn smem_mirrors_the_sm90_smem_map() {
-        // SmemMap<128>::BYTES = 198304, SmemMap<64>::BYTES = 124064 (by hand from
-        // cuda/dhu_sm90.cu), + 1024 for the base alignment.
-        assert_eq!(smem_bytes_sm90(128), 198304 + 1024);
-        assert_eq!(smem_bytes_sm90(64), 124064 + 1024);
+        // SmemMap<K, NWG>::BYTES by hand from cuda/dhu_sm90.cu (ring 2 x (3 k/q/w tiles +
+        // 2 NWG v tiles), NWG sBh, 2 NWG sDv2, 2 gk rows, 2 x 80 g, 4 mbarriers), + 1024
+        // for the base alignment.
+        assert_eq!(smem_bytes_sm90(128, 1), 165536 + 1024);
+        assert_eq!(smem_bytes_sm90(64, 1), 107680 + 1024);
+        assert_eq!(smem_bytes_sm90(128, 2), 231072 + 1024);
+        assert_eq!(smem_bytes_sm90(64, 2), 165024 + 1024);
         // 227 KB is the opt-in maximum per block on sm_90.
         for k in [64, 128] {
-            assert!(smem_bytes_sm90(k) <= 227 * 1024);
+            for nwg in [1, 2] {
+                assert!(smem_bytes_sm90(k, nwg) <= 227 * 1024);
+            }
         }
+        // K = 64 with one warpgroup: two CTAs fit an SM (228 KB, 1 KB reserved per CTA).
+        assert!(2 * (smem_bytes_sm90(64, 1) + 1024) <= 228 * 1024);
     }
 
     #[test]
@@ -473,8 +482,8 @@ mod tests {
         for k in [64, 128] {
             // 227 KB is the opt-in maximum per block on sm_100 too.
             assert!(smem_bytes_sm100(k) <= 227 * 1024);
-            assert_eq!(smem_bytes(Arch::Sm100, k), smem_bytes_sm100(k));
-            assert_eq!(smem_bytes(Arch::Sm90, k), smem_bytes_sm90(k));
+            assert_eq!(smem_bytes(Arch::Sm100, k, 1), smem_bytes_sm100(k));
+            assert_eq!(smem_bytes(Arch::Sm90, k, 2), smem_bytes_sm90(k, 2));
         }
     }
 

@@ -31,6 +31,9 @@ pub const MIN_CTAS_EXTENDED: i64 = 1;
 pub const MAX_GRID_YZ: i64 = 65535;
 /// Threads per CTA of the Hopper kernel (one producer warp + one consumer warpgroup).
 pub const BLOCK_THREADS_SM90: u32 = 160;
+/// Threads per CTA of the sm_90a kernel with two consumer warpgroups (`_wg2`: 128 V
+/// columns of one head per CTA): 2 x 128 consumers + a producer warpgroup.
+pub const BLOCK_THREADS_SM90_WG2: u32 = 384;
 /// Threads per CTA of the Blackwell kernel (TMA warp, MMA warp, two idle warps, the
 /// recurrence warpgroup: warps 4-7).
 pub const BLOCK_THREADS_SM100: u32 = 256;
@@ -98,11 +101,19 @@ impl Arch {
         }
     }
 
-    /// Threads per CTA of its kernels.
+    /// Threads per CTA of its kernels (one consumer warpgroup on sm_90a).
     pub fn block_threads(self) -> u32 {
         match self {
             Arch::Sm90 => BLOCK_THREADS_SM90,
             Arch::Sm100 => BLOCK_THREADS_SM100,
+        }
+    }
+
+    /// Threads per CTA of the kernel with `nwg` consumer warpgroups.
+    pub fn block_threads_for(self, nwg: u32) -> u32 {
+        match (self, nwg) {
+            (Arch::Sm90, 2) => BLOCK_THREADS_SM90_WG2,
+            _ => self.block_threads(),
         }
     }
 }
@@ -130,13 +141,27 @@ pub struct KernelConfig {
     pub dtype: DType,
     /// DhuFlags of dhu_params.h.
     pub flags: u32,
-    /// (V/64, HV, N).
+    /// (V / (64 nwg), HV, N).
     pub grid: [u32; 3],
+    /// Consumer warpgroups per CTA, each owning 64 V columns: 1, or 2 (sm_90a, V % 128
+    /// == 0: the two V tiles of a head share one CTA's k, q, w loads).
+    pub nwg: u32,
 }
 
 impl KernelConfig {
     /// The kernel's extern "C" name, e.g. `kda_dhu_sm90_k128_bf16`.
     pub fn entry_point(&self, arch: Arch) -> &'static str {
+        let bf16 = self.dtype == DType::BF16;
+        match (arch, self.k, bf16, self.nwg) {
+            (Arch::Sm90, 64, true, 2) => "kda_dhu_sm90_k64_bf16_wg2",
+            (Arch::Sm90, 64, false, 2) => "kda_dhu_sm90_k64_fp16_wg2",
+            (Arch::Sm90, _, true, 2) => "kda_dhu_sm90_k128_bf16_wg2",
+            (Arch::Sm90, _, false, 2) => "kda_dhu_sm90_k128_fp16_wg2",
+            _ => self.entry_point_wg1(arch),
+        }
+    }
+
+    fn entry_point_wg1(&self, arch: Arch) -> &'static str {
         let bf16 = self.dtype == DType::BF16;
         match (arch, self.k, bf16) {
             (Arch::Sm90, 64, true) => "kda_dhu_sm90_k64_bf16",
@@ -150,9 +175,15 @@ impl KernelConfig {
         }
     }
 
-    /// Index into a per-arch table of the four entry points (k64/k128 × bf16/fp16).
+    /// Index into a per-arch table of the entry points (k64/k128 × bf16/fp16, then the
+    /// same four with two warpgroups).
     pub fn slot(&self) -> usize {
-        (if self.k == 64 { 0 } else { 2 }) + usize::from(self.dtype != DType::BF16)
+        (if self.k == 64 { 0 } else { 2 }) + usize::from(self.dtype != DType::BF16) + if self.nwg == 2 { 4 } else { 0 }
+    }
+
+    /// Threads per CTA.
+    pub fn block_threads(&self, arch: Arch) -> u32 {
+        arch.block_threads_for(self.nwg)
     }
 }
 
@@ -331,14 +362,44 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_VARLEN;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
+    let nwg = warpgroups(desc, dev, arch, sm90_nwg_override());
     Plan::Kernel {
         arch,
         config: KernelConfig {
             k: d.k as u32,
             dtype: desc.qk_dtype,
             flags,
-            grid: [(d.v / BV) as u32, d.hv as u32, d.n as u32],
+            grid: [(d.v / (BV * i64::from(nwg))) as u32, d.hv as u32, d.n as u32],
+            nwg,
         },
+    }
+}
+
+/// Consumer warpgroups per CTA on sm_90a. Two (one CTA per 128 V columns of a head: k, q,
+/// w loaded once for both V tiles, two chains per SM) whenever that grid still fills the
+/// device (N * HV * V/128 >= SMs); below that, one per CTA, for the most CTAs.
+/// `KDA_DHU_SM90_NWG` = 1 or 2 overrides the choice where V allows (measurements).
+pub fn warpgroups(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: Option<u32>) -> u32 {
+    let d = &desc.dims;
+    if arch != Arch::Sm90 || d.v % (2 * BV) != 0 {
+        return 1;
+    }
+    if let Some(n) = override_nwg {
+        return n;
+    }
+    if d.n * d.hv * (d.v / (2 * BV)) >= i64::from(dev.sm_count) {
+        2
+    } else {
+        1
+    }
+}
+
+/// `KDA_DHU_SM90_NWG` (1 or 2), read at every plan: a measurement switch.
+fn sm90_nwg_override() -> Option<u32> {
+    match std::env::var("KDA_DHU_SM90_NWG").ok()?.trim() {
+        "1" => Some(1),
+        "2" => Some(2),
+        _ => None,
     }
 }
 
@@ -598,6 +659,38 @@ mod tests {
     }
 
     #[test]
+    fn two_warpgroups_where_the_grid_still_fills_the_device() {
+        // base(): B4 HV32 V128 on 132 SMs: 4 * 32 * 1 = 128 CTAs of two warpgroups < 132,
+        // so one warpgroup per CTA (256 CTAs).
+        let d = base();
+        assert_eq!(warpgroups(&d, &H200, Arch::Sm90, None), 1);
+        let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
+        assert_eq!((config.grid, config.nwg, config.block_threads(arch)), ([2, 32, 4], 1, BLOCK_THREADS_SM90));
+        assert_eq!(config.entry_point(arch), "kda_dhu_sm90_k128_bf16");
+        // B8: 256 CTAs of two warpgroups fill the device.
+        let mut d = base();
+        d.dims.b = 8;
+        d.dims.n = 8;
+        let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
+        assert_eq!((config.grid, config.nwg, config.block_threads(arch)), ([1, 32, 8], 2, BLOCK_THREADS_SM90_WG2));
+        assert_eq!(config.entry_point(arch), "kda_dhu_sm90_k128_bf16_wg2");
+        assert_eq!(config.slot(), 6);
+        // V = 64 (or any V not a multiple of 128) keeps one; the override applies where V allows.
+        let mut d = base();
+        d.dims.b = 64;
+        d.dims.n = 64;
+        d.dims.v = 192;
+        assert_eq!(warpgroups(&d, &H200, Arch::Sm90, None), 1);
+        assert_eq!(warpgroups(&d, &H200, Arch::Sm90, Some(2)), 1);
+        d.dims.v = 256;
+        assert_eq!(warpgroups(&d, &H200, Arch::Sm90, None), 2);
+        assert_eq!(warpgroups(&d, &H200, Arch::Sm90, Some(1)), 1);
+        assert_eq!(warpgroups(&base(), &H200, Arch::Sm90, Some(2)), 2);
+        // sm_100 has one kernel shape.
+        assert_eq!(warpgroups(&d, &H200, Arch::Sm100, None), 1);
+    }
+
+    #[test]
     fn extended_covers_the_training_cases() {
         // Qwen3-Next style GVA, varlen, tail, scalar gate, no dht/h0: one call.
         let mut d = base();
@@ -610,7 +703,8 @@ mod tests {
         d.has_h0 = false;
         let Plan::Kernel { config, .. } = plan(&d, &H200, Rule::Extended) else { panic!() };
         assert_eq!(config.flags, FLAG_G | FLAG_VARLEN);
-        assert_eq!(config.grid, [2, 128, 64]);
+        // 64 sequences x 128 heads: two warpgroups per CTA, one CTA per head.
+        assert_eq!((config.grid, config.nwg), ([1, 128, 64], 2));
         // No gate at all (delta rule).
         let mut d = base();
         d.has_gk = false;
@@ -773,7 +867,7 @@ mod tests {
 
     #[test]
     fn entry_points_and_slots() {
-        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1] };
+        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1 };
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {
@@ -791,6 +885,25 @@ mod tests {
                 (3, "kda_dhu_sm90_k128_fp16")
             ]
         );
+        c.nwg = 2;
+        let wg2: Vec<_> = [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)]
+            .into_iter()
+            .map(|(k, dt)| {
+                c.k = k;
+                c.dtype = dt;
+                (c.slot(), c.entry_point(Arch::Sm90))
+            })
+            .collect();
+        assert_eq!(
+            wg2,
+            vec![
+                (4, "kda_dhu_sm90_k64_bf16_wg2"),
+                (5, "kda_dhu_sm90_k64_fp16_wg2"),
+                (6, "kda_dhu_sm90_k128_bf16_wg2"),
+                (7, "kda_dhu_sm90_k128_fp16_wg2")
+            ]
+        );
+        c.nwg = 1;
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {

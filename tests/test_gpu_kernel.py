@@ -125,6 +125,72 @@ def test_varlen_nonfinite_memory_outside_sequences_does_not_leak(rng):
     assert _rel(dh, ref[0]) < 1e-2 and _rel(dh0, ref[1]) < 1e-2 and _rel(dv2, ref[2]) < 1e-2
 
 
+# The sm_90a kernel with two consumer warpgroups per CTA (``_wg2``: one CTA per 128 V
+# columns of a head, k / q / w shared) is the planner's choice where the grid fills the
+# device; KDA_DHU_SM90_NWG=2 forces it on these small shapes (V % 128 == 0).
+WG2_CASES = {
+    "k128_bf16_v128": dict(B=2, T=320, H=4, HV=4, K=128, V=128, dtype=torch.bfloat16, gate="gk"),
+    "k128_fp16_v256": dict(B=2, T=320, H=2, HV=2, K=128, V=256, dtype=torch.float16, gate="gk"),
+    "k64_bf16_v256": dict(B=2, T=320, H=2, HV=2, K=64, V=256, dtype=torch.bfloat16, gate="gk"),
+    "k64_fp16_v128": dict(B=1, T=256, H=2, HV=2, K=64, V=128, dtype=torch.float16, gate="gk"),
+    "tail_none": dict(B=2, T=200, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate=None),
+    "tail_g": dict(B=2, T=65, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="g"),
+    "varlen_gk": dict(B=1, T=None, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
+                      varlen_lengths=[1, 63, 65, 128, 200, 64, 7]),
+    "varlen_g": dict(B=1, T=None, H=2, HV=2, K=64, V=128, dtype=torch.bfloat16, gate="g",
+                     varlen_lengths=[1, 63, 65, 128, 200, 64, 7]),
+    "gva_h1_hv4": dict(B=1, T=192, H=1, HV=4, K=128, V=128, dtype=torch.bfloat16, gate="gk"),
+    "no_states": dict(B=2, T=128, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
+                      dht=False, h0=False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WG2_CASES))
+def test_two_warpgroups(rng, monkeypatch, case):
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", "2")
+    spec = dict(WG2_CASES[case])
+    args = make_inputs(spec.pop("B"), spec.pop("T"), spec.pop("H"), spec.pop("HV"), spec.pop("K"),
+                       spec.pop("V"), spec.pop("dtype"), spec.pop("gate"), device="cuda",
+                       generator=rng, **spec)
+    _check(args)
+
+
+def test_two_warpgroups_nonfinite_padding_does_not_leak(rng, monkeypatch):
+    """The short last chunk of a packed batch with two warpgroups: each zeroes its own do
+    rows, one zeroes q's and the other w's past the sequence's end (shared tiles)."""
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", "2")
+    lengths = [100, 30, 70]
+    args = make_inputs(1, 320, 2, 2, 128, 128, torch.bfloat16, "gk", varlen_lengths=lengths,
+                       device="cuda", generator=rng)
+    end = sum(lengths)
+    for name, val in (("q", float("nan")), ("k", float("inf")), ("w", float("nan")),
+                      ("do", float("-inf")), ("dv", float("nan"))):
+        args[name][:, end:] = val
+    args["gk"][:, end:] = float("nan")
+    dh, dh0, dv2 = _run_poisoned(args)
+    from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref
+
+    clean = dict(args)
+    for name in ("q", "k", "w", "do", "dv", "gk"):
+        clean[name] = args[name].clone()
+        clean[name][:, end:] = 0
+    ref = chunk_gated_delta_rule_bwd_dhu_ref(**clean)
+    assert torch.isfinite(dh).all() and torch.isfinite(dh0).all() and torch.isfinite(dv2).all()
+    assert torch.count_nonzero(dv2[:, end:]) == 0
+    assert _rel(dh, ref[0]) < 1e-2 and _rel(dh0, ref[1]) < 1e-2 and _rel(dv2, ref[2]) < 1e-2
+
+
+def test_two_warpgroups_equal_one_warpgroup_bitwise(rng, monkeypatch):
+    """Each warpgroup's chain is the one-warpgroup kernel's arithmetic: same bits."""
+    args = make_inputs(2, 256, 2, 2, 128, 256, torch.bfloat16, "gk", device="cuda", generator=rng)
+    outs = {}
+    for nwg in ("1", "2"):
+        monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
+        outs[nwg] = _run_poisoned(args)
+    for name, a, b in zip(("dh", "dh0", "dv2"), outs["1"], outs["2"]):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("H,HV", [(1, 4), (2, 4), (16, 32)])
 def test_gva(rng, H, HV):
     args = make_inputs(1, 192, H, HV, 128, 64, torch.bfloat16, "gk", device="cuda", generator=rng)

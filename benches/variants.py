@@ -1,0 +1,93 @@
+"""Kernel variants side by side on the H200: sm_90a with one or two consumer warpgroups
+per CTA (KDA_DHU_SM90_NWG = 1 / 2), fla in the same run, on bench.SHAPES plus extra rows.
+
+The measurement behind the planner's policy (src/plan.rs: `warpgroups`, the K = 64 and
+GVA clauses). Times the kernel directly (kda_dhu._dispatch._run_kernel, past the
+planner's policy), so a variant the planner would not pick is still timed.
+
+    python3 benches/variants.py [--out DIR] [--shapes name,name]
+Writes DIR/variants.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+EXTRA = [
+    # name, B, T, H, HV, K, V, gate, varlen
+    ("b16_t4096_h32", 16, 4096, 32, 32, 128, 128, "gk", None),
+    ("b2_t8192_h32", 2, 8192, 32, 32, 128, 128, "gk", None),
+    ("gdn_b8_t4096_h16_hv32_g", 8, 4096, 16, 32, 128, 128, "g", None),
+    ("k64_b16_t4096_h32", 16, 4096, 32, 32, 64, 128, "gk", None),
+    ("k64_b4_t8192_h16", 4, 8192, 16, 16, 64, 128, "gk", None),
+    ("varlen_t32768_h32_avg1k", 1, 32768, 32, 32, 128, 128, "gk", "avg1k"),
+]
+
+
+def main(argv=None) -> int:
+    from kda_dhu import _dispatch, bench
+    from kda_dhu.reference import rel_err
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--shapes", default="")
+    args = ap.parse_args(argv)
+    rows = bench.SHAPES + EXTRA
+    if args.shapes:
+        want = args.shapes.split(",")
+        rows = [r for r in rows if r[0] in want]
+    bw = bench.copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}  copy bandwidth {bw:.0f} GB/s", flush=True)
+    results = []
+    print("| shape | fla ms | wg1 ms | wg2 ms | fla/floor | wg1/floor | wg2/floor | best vs fla |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, B, T, H, HV, K, V, gate, varlen in rows:
+        lengths = bench.varlen_lengths(T, 64) if varlen == "avg1k" else None
+        a = bench.make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths)
+        fla_fn = _dispatch.fla_function()
+        fla_out = fla_fn(**a)
+
+        def kernel():
+            return _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"),
+                                         a.get("gk"), a.get("h0"), a.get("dht"), a["scale"],
+                                         a.get("cu_seqlens"), None, None, False)
+
+        row = {"shape": name, "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "gate": gate,
+               "varlen": lengths is not None}
+        NT_total = fla_out[0].shape[1]
+        N = B if lengths is None else len(lengths)
+        floor_ms = bench.floor_bytes(B, T, H, HV, K, V, NT_total, N, gate=gate) / (bw * 1e9) * 1e3
+        row["floor_ms"] = floor_ms
+        row["fla_ms"] = bench.time_ms(lambda: fla_fn(**a))
+        for nwg in ("1", "2"):
+            os.environ["KDA_DHU_SM90_NWG"] = nwg
+            out = kernel()
+            torch.cuda.synchronize()
+            row[f"err_vs_fla_wg{nwg}"] = max(
+                rel_err(o, f) for o, f in zip(out, fla_out) if o is not None)
+            row[f"wg{nwg}_ms"] = bench.time_ms(kernel)
+            del out
+        os.environ.pop("KDA_DHU_SM90_NWG", None)
+        best = min(row["wg1_ms"], row["wg2_ms"])
+        print(f"| {name} | {row['fla_ms']:.3f} | {row['wg1_ms']:.3f} | {row['wg2_ms']:.3f} | "
+              f"{row['fla_ms'] / floor_ms:.2f} | {row['wg1_ms'] / floor_ms:.2f} | "
+              f"{row['wg2_ms'] / floor_ms:.2f} | {row['fla_ms'] / best:.2f}x |", flush=True)
+        results.append(row)
+        a = fla_out = None
+        torch.cuda.empty_cache()
+    record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "commit": bench.git_commit(), "copy_bandwidth_GBs": bw, "rows": results}
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "variants.json"), "w") as f:
+            json.dump(record, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
