@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="")
     ap.add_argument("--shapes", default="")
+    ap.add_argument("--all", action="store_true", help="every row (the default)")
     args = ap.parse_args(argv)
     rows = bench.SHAPES + EXTRA
     if args.shapes:
