@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use std::fmt;
 
 /// Element type, named as torch names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     BF16,
     F16,
