@@ -692,7 +692,7 @@ def test_chunk_table_longer_than_the_sequences_goes_to_fla(monkeypatch):
     """fla's CUDA-graph mode pads chunk_indices past the real chunk count; fla sizes dh by
     it, so such a call runs fla's function (no error, no kernel launch)."""
     sentinel = object()
-    monkeypatch.setattr(_dispatch, "_decide", lambda *a, **k: (True, "kernel-sm90a"))
+    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
     monkeypatch.setattr(_dispatch, "fla_function", lambda: (lambda **kw: sentinel))
 
     class NoLaunch:
