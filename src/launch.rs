@@ -3,8 +3,11 @@
 //!
 //! Everything is cached per device for the life of the process: the primary context
 //! (torch uses the same one), the module loaded from the embedded cubin, the four
-//! CUfunction handles with their dynamic-smem attribute set. A launch then costs the
-//! validation, seven cuTensorMapEncodeTiled calls and one cuLaunchKernel.
+//! CUfunction handles with their dynamic-smem attribute set; the TMA descriptors are
+//! cached per signature (`tma::tensor_maps`). A call is read and validated once
+//! (`prepare`, which also plans it); launching the `Prepared` call then checks only
+//! what is new, the outputs (and the chunk_offsets the Python layer computed), patches
+//! the cached descriptors' addresses and calls cuLaunchKernel.
 
 use crate::abi::DhuParams;
 use crate::driver::{check, require_driver};
@@ -12,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule};
 use crate::tensor::TensorMeta;
-use crate::tma::{build_tensor_maps, TmaPointers, TmaShape};
+use crate::tma::{tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUfunction, CUfunction_attribute, CUmodule};
 use std::ffi::{c_void, CString};
@@ -286,10 +289,67 @@ pub fn device_arch(ordinal: i32) -> Result<String> {
 /// Validation with the device check + the device's DeviceInfo + the plan.
 pub fn plan_call(args: &CallArgs, rule: Rule) -> Result<(CallDesc, Plan)> {
     let desc = validate(args, true)?;
-    let ordinal = desc.device.ok_or_else(|| Error::Internal("validated call without a device".into()))?;
-    let info = device_info(ordinal)?;
+    let info = device_info(validated_ordinal(&desc)?)?;
     let p = plan(&desc, &info, rule);
     Ok((desc, p))
+}
+
+fn validated_ordinal(desc: &CallDesc) -> Result<i32> {
+    desc.device.ok_or_else(|| Error::Internal("validated call without a device".into()))
+}
+
+/// A call read, validated (device included) and planned once: everything `launch`
+/// needs but the outputs, as plain numbers (the tensors' addresses, not the tensors:
+/// the caller keeps them alive until the launch).
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub args: CallArgs,
+    pub desc: CallDesc,
+    pub info: DeviceInfo,
+}
+
+impl Prepared {
+    /// Validates `args` fully and reads the device (as `plan_call`), and plans under `rule`.
+    pub fn new(args: CallArgs, rule: Rule) -> Result<(Prepared, Plan)> {
+        let desc = validate(&args, true)?;
+        let info = device_info(validated_ordinal(&desc)?)?;
+        Ok(Prepared::with_info(args, desc, info, rule))
+    }
+
+    /// From a validated call and its device (pure: tests build it without a GPU).
+    pub fn with_info(args: CallArgs, desc: CallDesc, info: DeviceInfo, rule: Rule) -> (Prepared, Plan) {
+        let p = plan(&desc, &info, rule);
+        (Prepared { args, desc, info }, p)
+    }
+
+    /// The plan of the same call under another rule (no re-validation).
+    pub fn replan(&self, rule: Rule) -> Plan {
+        plan(&self.desc, &self.info, rule)
+    }
+
+    /// The call as `launch` takes it: with cu_seqlens, `chunk_offsets` (the Python
+    /// layer's, computed from cu_seqlens) replaces the caller's and the call is
+    /// validated again (pure: no tensor read twice); without, it is not read.
+    pub fn with_chunk_offsets(&self, chunk_offsets: Option<TensorMeta>) -> Result<Option<(CallArgs, CallDesc)>> {
+        match chunk_offsets {
+            Some(co) if self.desc.varlen() => {
+                let mut args = self.args.clone();
+                args.chunk_offsets = Some(co);
+                let desc = validate(&args, true)?;
+                Ok(Some((args, desc)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Launches the call (as `launch`, without reading or validating the inputs again)
+    /// writing `outs`, on `stream`. `chunk_offsets`: see `with_chunk_offsets`.
+    pub fn launch(&self, outs: &Outputs, chunk_offsets: Option<TensorMeta>, stream: u64) -> Result<()> {
+        match self.with_chunk_offsets(chunk_offsets)? {
+            Some((args, desc)) => launch_validated(&args, &desc, &self.info, outs, stream),
+            None => launch_validated(&self.args, &self.desc, &self.info, outs, stream),
+        }
+    }
 }
 
 fn opt_ptr(t: &Option<TensorMeta>) -> u64 {
@@ -328,16 +388,15 @@ pub fn fill_scalars(args: &CallArgs, outs: &Outputs, desc: &CallDesc, config: &K
     Ok(p)
 }
 
-/// Re-validates the call (full check + Extended plan), fills DhuParams and launches
-/// on `stream` (a CUstream as an integer; 0 is the legacy default stream). No sync.
-pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
-    let (desc, p) = plan_call(args, Rule::Capable)?;
-    let (arch, config) = match p {
+/// The kernel, its DhuParams (descriptors included) and launch shape for a validated
+/// call and its outputs, under the Capable plan (NotPlanned when that says fallback).
+pub fn launch_params(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &Outputs) -> Result<(Arch, KernelConfig, DhuParams)> {
+    let (arch, config) = match plan(desc, info, Rule::Capable) {
         Plan::Kernel { arch, config } => (arch, config),
         Plan::Fallback { reason } => return Err(Error::NotPlanned(reason)),
     };
-    let nt = validate_outputs(&desc, outs)?;
-    let mut params = fill_scalars(args, outs, &desc, &config, nt)?;
+    let nt = validate_outputs(desc, outs)?;
+    let mut params = fill_scalars(args, outs, desc, &config, nt)?;
     let d = &desc.dims;
     let shape = TmaShape {
         b: d.b as u64,
@@ -358,9 +417,23 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
         dv2: outs.dv2.ptr,
         dh: outs.dh.ptr,
     };
-    let maps = build_tensor_maps(&shape, &ptrs)?;
+    let maps = tensor_maps(validated_ordinal(desc)?, &shape, &ptrs)?;
     [params.tma_q, params.tma_k, params.tma_w, params.tma_do, params.tma_dv, params.tma_dv2, params.tma_dh] = maps;
+    Ok((arch, config, params))
+}
 
+/// Validates the call fully (as `plan_call` under the Capable rule), then launches it
+/// as `Prepared::launch` does: on `stream` (a CUstream as an integer; 0 is the legacy
+/// default stream). No sync.
+pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
+    let desc = validate(args, true)?;
+    let info = device_info(validated_ordinal(&desc)?)?;
+    launch_validated(args, &desc, &info, outs, stream)
+}
+
+/// Outputs checked, DhuParams filled, descriptors from the cache, one cuLaunchKernel.
+fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &Outputs, stream: u64) -> Result<()> {
+    let (arch, config, mut params) = launch_params(args, desc, info, outs)?;
     let dev = device(desc.device.expect("planned with a device"))?;
     let ctx = dev.context()?;
     let _scope = CtxScope::enter(ctx)?;
@@ -451,6 +524,160 @@ mod tests {
         let desc = validate(&a, false).unwrap();
         let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
         assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t), (0x40, 0x80, 17, 1000));
+    }
+
+    const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+
+    fn on_cuda(mut a: CallArgs) -> CallArgs {
+        for t in [&mut a.q, &mut a.k, &mut a.w, &mut a.do_, &mut a.dv] {
+            t.device = Device::cuda(0);
+        }
+        for t in [&mut a.g, &mut a.gk, &mut a.h0, &mut a.dht, &mut a.cu_seqlens, &mut a.chunk_offsets].into_iter().flatten() {
+            t.device = Device::cuda(0);
+        }
+        a
+    }
+
+    fn prepared(a: CallArgs, rule: Rule) -> (Prepared, Plan) {
+        let desc = validate(&a, true).unwrap();
+        Prepared::with_info(a, desc, H200, rule)
+    }
+
+    #[test]
+    fn a_prepared_call_replans_without_revalidating() {
+        // K = 64: Extended's policy says fallback, Capable says kernel.
+        let (pc, p) = prepared(on_cuda(call(2, 128, 4, 4, 64, 64, DType::BF16)), Rule::Extended);
+        assert!(!p.is_kernel());
+        assert!(p.describe().1.starts_with("K = 64"), "{p}");
+        assert_eq!(pc.replan(Rule::Capable).describe(), (true, "kernel-sm90a".to_string()));
+        assert_eq!(pc.replan(Rule::Extended), p);
+        for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {
+            assert_eq!(pc.replan(rule), plan(&pc.desc, &H200, rule));
+        }
+    }
+
+    #[test]
+    fn launch_params_check_the_outputs_against_the_prepared_call() {
+        let a = on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16));
+        let (pc, _) = prepared(a.clone(), Rule::Extended);
+        let mut o = outs(&a, 2);
+        for t in [&mut o.dh, &mut o.dv2] {
+            t.device = Device::cuda(0);
+        }
+        o.dh0.as_mut().unwrap().device = Device::cuda(0);
+        // Wrong NT, missing dh0, misaligned dv2, another device: named before any driver pc.
+        let mut bad = o.clone();
+        bad.dh.shape[1] = 3;
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        assert!(e.to_string().starts_with("dh: expected shape [B=2, NT=2, HV=4, K=128, V=64]"), "{e}");
+        let mut bad = o.clone();
+        bad.dh0 = None;
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        assert!(e.to_string().starts_with("dh0: expected a tensor"), "{e}");
+        let mut bad = o.clone();
+        bad.dv2.ptr += 8;
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        assert!(e.to_string().starts_with("dv2: expected a 16-byte aligned data pointer"), "{e}");
+        let mut bad = o.clone();
+        bad.dh.device = Device::cuda(1);
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        assert_eq!(e.to_string(), "dh: expected a tensor on cuda:0 like q, got a tensor on cuda:1");
+        // A call the kernel cannot compute is refused whatever rule prepared it.
+        let mut svf = on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16));
+        svf.dht = None;
+        svf.h0 = None;
+        svf.state_v_first = true;
+        let (pc, p) = prepared(svf, Rule::Capable);
+        assert!(!p.is_kernel());
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, &o).unwrap_err();
+        assert!(matches!(e, Error::NotPlanned(_)), "{e}");
+    }
+
+    #[test]
+    fn chunk_offsets_replace_the_callers_only_with_cu_seqlens() {
+        let co = |dtype, n| Some(TensorMeta::contiguous(0x80, &[n], dtype, Device::cuda(0)));
+        // Dense: not read at all (fla ignores chunk_offsets without cu_seqlens).
+        let (dense, _) = prepared(on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16)), Rule::Extended);
+        assert!(dense.with_chunk_offsets(co(DType::F32, 99)).unwrap().is_none());
+
+        let mut a = call(1, 1000, 4, 4, 128, 64, DType::BF16);
+        a.h0 = None;
+        a.dht = None;
+        a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I64, Device::cpu()));
+        // The caller's int32 chunk_offsets: planned as a fallback ...
+        a.chunk_offsets = Some(TensorMeta::contiguous(0x60, &[3], DType::I32, Device::cpu()));
+        let (varlen, p) = prepared(on_cuda(a), Rule::Extended);
+        assert_eq!(p.describe(), (false, "chunk_offsets is int32 (the kernel reads int64)".to_string()));
+        // ... the Python layer's int64 ones replace them and the call is validated again.
+        let (args, desc) = varlen.with_chunk_offsets(co(DType::I64, 4)).unwrap().unwrap();
+        assert_eq!(args.chunk_offsets.as_ref().unwrap().ptr, 0x80);
+        assert!(plan(&desc, &H200, Rule::Capable).is_kernel());
+        assert_eq!(varlen.args.chunk_offsets.as_ref().unwrap().ptr, 0x60, "the prepared call is unchanged");
+        // Bad replacements are named as the stateless launch names them.
+        let e = varlen.with_chunk_offsets(co(DType::I64, 7)).unwrap_err();
+        assert_eq!(e.to_string(), "chunk_offsets: expected shape [N=3] or [N+1=4], got [7]");
+        let e = varlen.with_chunk_offsets(co(DType::F32, 4)).unwrap_err();
+        assert_eq!(e.to_string(), "chunk_offsets: expected dtype int64 or int32, got float32");
+        let mut cpu = co(DType::I64, 4);
+        cpu.as_mut().unwrap().device = Device::cpu();
+        let e = varlen.with_chunk_offsets(cpu).unwrap_err();
+        assert_eq!(e.to_string(), "chunk_offsets: expected a CUDA tensor, got a tensor on cpu");
+    }
+
+    /// Host cost of the pure steps of one call at the tiny shape (B1 T64 H1 K128 V64):
+    /// `cargo test --release -- --ignored host_steps_timing --nocapture`.
+    #[test]
+    #[ignore]
+    fn host_steps_timing() {
+        use crate::tma::{lookup_or_encode, Lru, TmaCache, TmaKey};
+        let a = on_cuda(call(1, 64, 1, 1, 128, 64, DType::BF16));
+        let n = 200_000;
+        let time = |what: &str, f: &mut dyn FnMut()| {
+            let t0 = std::time::Instant::now();
+            for _ in 0..n {
+                f();
+            }
+            println!("{what:<40} {:8.1} ns", t0.elapsed().as_nanos() as f64 / n as f64);
+        };
+        time("validate (8 tensors)", &mut || {
+            std::hint::black_box(validate(std::hint::black_box(&a), true).unwrap());
+        });
+        let desc = validate(&a, true).unwrap();
+        time("plan (Extended)", &mut || {
+            std::hint::black_box(plan(std::hint::black_box(&desc), &H200, Rule::Extended));
+        });
+        let (pc, _) = prepared(a.clone(), Rule::Extended);
+        let mut o = outs(&a, 1);
+        for t in [&mut o.dh, &mut o.dv2] {
+            t.device = Device::cuda(0);
+        }
+        o.dh0.as_mut().unwrap().device = Device::cuda(0);
+        time("plan (Capable) + outputs + params", &mut || {
+            let p = pc.replan(Rule::Capable);
+            let Plan::Kernel { config, .. } = p else { panic!() };
+            let nt = validate_outputs(&pc.desc, &o).unwrap();
+            std::hint::black_box(fill_scalars(&pc.args, &o, &pc.desc, &config, nt).unwrap());
+        });
+        let cache: TmaCache = std::sync::Mutex::new(Lru::new(64));
+        let shape = TmaShape { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, nt: 1, dtype: DType::BF16 };
+        let mut ptrs = TmaPointers { q: 0x1000, k: 0x2000, w: 0x3000, do_: 0x4000, dv: 0x5000, dv2: 0x6000, dh: 0x7000 };
+        for t in 1..64 {
+            let mut s = shape;
+            s.t = t;
+            let _ = lookup_or_encode(&cache, TmaKey { ordinal: 0, shape: s }, &ptrs, || Ok(unsafe { std::mem::zeroed() }), |_, _, _| Ok(()));
+        }
+        let key = TmaKey { ordinal: 0, shape };
+        let mut i = 0u64;
+        time("descriptor cache hit, 64 entries, 2 new addresses (fake replace)", &mut || {
+            i += 1;
+            ptrs.dh = 0x10_0000 + 16 * (i % 2);
+            ptrs.dv2 = 0x20_0000 + 16 * (i % 2);
+            let m = lookup_or_encode(&cache, key, &ptrs, || Ok(unsafe { std::mem::zeroed() }), |m, _, a| {
+                m.opaque[0] = a;
+                Ok(())
+            });
+            std::hint::black_box(m.unwrap());
+        });
     }
 
     #[test]

@@ -2,9 +2,14 @@
 //!
 //! The `#[pyfunction]`s below only convert arguments and delegate: DLPack intake
 //! (`tensor`), validation (`validate`), planning (`plan`), the kernel ABI (`abi`),
-//! TMA descriptors (`tma`) and the launch (`launch`) are plain Rust, tested by
-//! `cargo test` without Python or a GPU. Errors are one enum (`error::Error`), mapped
-//! to Python exceptions here, in `to_pyerr`; a panic never crosses into Python.
+//! TMA descriptors and their cache (`tma`) and the launch (`launch`) are plain Rust,
+//! tested by `cargo test` without Python or a GPU. Errors are one enum
+//! (`error::Error`), mapped to Python exceptions here, in `to_pyerr`; a panic never
+//! crosses into Python.
+//!
+//! The kernel path of one call is `prepare` (inputs read and validated once, the plan)
+//! then `PreparedCall.launch` (only the outputs read): the stateless `launch` reads
+//! and validates everything again, for callers that hold no `PreparedCall`.
 
 // `x % n == 0` reads the same and builds with toolchains older than is_multiple_of.
 #![allow(clippy::manual_is_multiple_of)]
@@ -187,6 +192,10 @@ fn py_validate(
     })
 }
 
+fn parse_rule(rule: &str) -> error::Result<Rule> {
+    Rule::parse(rule).ok_or_else(|| Error::value("rule", format!("expected 'b2a', 'extended' or 'capable', got {rule:?}")))
+}
+
 /// Full validation (device included) and the plan under `rule` ("b2a", "extended" or "capable"):
 /// (True, "kernel-sm90a") or (False, reason).
 #[pyfunction]
@@ -210,16 +219,119 @@ fn py_plan(
     chunk_offsets: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(bool, String)> {
     guard(|| {
-        let rule = Rule::parse(rule)
-            .ok_or_else(|| Error::value("rule", format!("expected 'b2a', 'extended' or 'capable', got {rule:?}")))?;
+        let rule = parse_rule(rule)?;
         let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
         let (_, p) = launch::plan_call(&a, rule)?;
         Ok(p.describe())
     })
 }
 
+/// A call read, validated and planned by `prepare`. Launching it reads only the
+/// outputs. Holds the numbers of the call (addresses, extents) and references to the
+/// input objects, so that their memory outlives it; nothing is cached past its life.
+#[pyclass(frozen, name = "PreparedCall", module = "kda_dhu._core")]
+struct PyPrepared {
+    call: launch::Prepared,
+    _inputs: Vec<Py<PyAny>>,
+}
+
+#[pymethods]
+impl PyPrepared {
+    /// The plan of this call under another rule: (True, "kernel-sm90a") or (False, reason).
+    fn replan(&self, rule: &str) -> PyResult<(bool, String)> {
+        guard(|| Ok(self.call.replan(parse_rule(rule)?).describe()))
+    }
+
+    /// Launches the kernel on `stream` writing dh, dh0 and dv2 (allocated by the
+    /// caller), as `launch` would with the prepared inputs; only the outputs (and, with
+    /// cu_seqlens, `chunk_offsets`, which replaces the caller's) are read. Raises
+    /// ValueError when the "capable" plan is a fallback. Does not synchronize.
+    #[pyo3(signature = (dh, dh0, dv2, chunk_offsets, stream))]
+    fn launch(
+        &self,
+        dh: &Bound<'_, PyAny>,
+        dh0: Option<&Bound<'_, PyAny>>,
+        dv2: &Bound<'_, PyAny>,
+        chunk_offsets: Option<&Bound<'_, PyAny>>,
+        stream: u64,
+    ) -> PyResult<()> {
+        guard(|| {
+            let co = if self.call.desc.varlen() { TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")? } else { None };
+            let o = outputs(dh, dh0, dv2)?;
+            self.call.launch(&o, co, stream)
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let d = &self.call.desc.dims;
+        format!(
+            "PreparedCall(B={}, T={}, H={}, HV={}, K={}, V={}, N={}, {}, cuda:{})",
+            d.b,
+            d.t,
+            d.h,
+            d.hv,
+            d.k,
+            d.v,
+            d.n,
+            self.call.desc.qk_dtype,
+            self.call.desc.device.unwrap_or(-1)
+        )
+    }
+}
+
+/// `plan` that also hands back the call: (ok, reason, PreparedCall). The call's
+/// `launch` then reads only the outputs; `replan(rule)` plans it under another rule.
+/// Raises as `plan`.
+#[pyfunction]
+#[pyo3(name = "prepare", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_offsets=None))]
+#[allow(clippy::too_many_arguments)]
+fn py_prepare<'py>(
+    py: Python<'py>,
+    rule: &str,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    r#do: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+    g: Option<&Bound<'py, PyAny>>,
+    gk: Option<&Bound<'py, PyAny>>,
+    h0: Option<&Bound<'py, PyAny>>,
+    dht: Option<&Bound<'py, PyAny>>,
+    scale: Option<&Bound<'py, PyAny>>,
+    state_v_first: Arg<'py>,
+    cu_seqlens: Option<&Bound<'py, PyAny>>,
+    chunk_size: Arg<'py>,
+    chunk_offsets: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(bool, String, Bound<'py, PyPrepared>)> {
+    let (ok, reason, call) = guard(|| {
+        let rule = parse_rule(rule)?;
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
+        let (call, p) = launch::Prepared::new(a, rule)?;
+        let (ok, reason) = p.describe();
+        Ok((ok, reason, call))
+    })?;
+    let inputs = [Some(q), Some(k), Some(w), Some(r#do), Some(dv), g, gk, h0, dht, cu_seqlens, chunk_offsets]
+        .into_iter()
+        .flatten()
+        .filter(|o| !o.is_none())
+        .map(|o| o.clone().unbind())
+        .collect();
+    let call = Bound::new(py, PyPrepared { call, _inputs: inputs })?;
+    Ok((ok, reason, call))
+}
+
+/// The outputs through DLPack.
+fn outputs(dh: &Bound<'_, PyAny>, dh0: Option<&Bound<'_, PyAny>>, dv2: &Bound<'_, PyAny>) -> error::Result<Outputs> {
+    Ok(Outputs {
+        dh: TensorMeta::from_py(dh, "dh")?,
+        dh0: TensorMeta::from_py_opt(dh0, "dh0")?,
+        dv2: TensorMeta::from_py(dv2, "dv2")?,
+    })
+}
+
 /// Launches the kernel on `stream` (torch.cuda.current_stream(device).cuda_stream)
-/// writing dh, dh0 and dv2 (allocated by the caller). Re-validates everything; raises
+/// writing dh, dh0 and dv2 (allocated by the caller). Reads and validates everything
+/// (`prepare` + `PreparedCall.launch` read the inputs once); raises
 /// ValueError when the "capable" plan is a fallback (the kernel cannot compute the call).
 /// Does not synchronize.
 #[pyfunction]
@@ -247,13 +359,28 @@ fn py_launch(
 ) -> PyResult<()> {
     guard(|| {
         let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
-        let o = Outputs {
-            dh: TensorMeta::from_py(dh, "dh")?,
-            dh0: TensorMeta::from_py_opt(dh0, "dh0")?,
-            dv2: TensorMeta::from_py(dv2, "dv2")?,
-        };
+        let o = outputs(dh, dh0, dv2)?;
         launch::launch(&a, &o, stream)
     })
+}
+
+/// The TMA descriptor cache: {"hits", "misses", "evictions", "size", "capacity"}.
+#[pyfunction]
+fn tma_cache_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let (stats, size, capacity) = tma::cache_info();
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("hits", stats.hits)?;
+    d.set_item("misses", stats.misses)?;
+    d.set_item("evictions", stats.evictions)?;
+    d.set_item("size", size)?;
+    d.set_item("capacity", capacity)?;
+    Ok(d)
+}
+
+/// Empties the TMA descriptor cache and zeroes its counters.
+#[pyfunction]
+fn tma_cache_clear() {
+    tma::cache_clear()
 }
 
 /// (usable, description): whether libcuda loads and initializes, and the devices.
@@ -284,12 +411,17 @@ fn embedded_kernels() -> Vec<(String, String)> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_validate, m)?)?;
     m.add_function(wrap_pyfunction!(py_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(py_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
+    m.add_class::<PyPrepared>()?;
+    m.add_function(wrap_pyfunction!(tma_cache_info, m)?)?;
+    m.add_function(wrap_pyfunction!(tma_cache_clear, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(device_arch, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_kernels, m)?)?;
     m.add("MIN_CTAS_EXTENDED", plan::MIN_CTAS_EXTENDED)?;
     m.add("MIN_CTAS_B2A", plan::MIN_CTAS_B2A)?;
+    m.add("TMA_CACHE_CAPACITY", tma::TMA_CACHE_CAPACITY)?;
     Ok(())
 }

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use std::fmt;
 
 /// Element type, named as torch names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     BF16,
     F16,
@@ -214,23 +214,10 @@ pub fn fmt_shape(shape: &[i64]) -> String {
 mod py {
     use super::*;
     use dlpack_rs::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
-    use dlpack_rs::pyo3_glue::PyTensor;
     use pyo3::intern;
     use pyo3::prelude::*;
     use pyo3::sync::PyOnceLock;
     use pyo3::types::{PyCapsule, PyDict, PyType};
-
-    /// Hands a capsule made elsewhere to `PyTensor::from_pyany`, which asks its argument
-    /// for `__dlpack__()`.
-    #[pyclass(frozen)]
-    struct Capsule(Py<PyAny>);
-
-    #[pymethods]
-    impl Capsule {
-        fn __dlpack__(&self, py: Python<'_>) -> Py<PyAny> {
-            self.0.clone_ref(py)
-        }
-    }
 
     /// torch's C exporter: `torch.Tensor.__dlpack__` is a Python method costing ~2.4 us
     /// a tensor (keyword handling, stream and device checks) where the C function it
@@ -299,11 +286,59 @@ mod py {
     /// would read past its arrays.
     pub(super) const MAX_NDIM: i32 = 64;
 
-    /// Checks the capsule `__dlpack__()` returned before dlpack-rs reads it: a capsule
-    /// named "dltensor" (or "dltensor_versioned" of DLPack 1.x), not already consumed,
-    /// with 0 <= ndim <= 64 and a shape array when ndim > 0. A capsule refused here is
-    /// not consumed: its own destructor frees it.
-    fn check_capsule(cap: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, arg: &'static str) -> Result<()> {
+    /// The producer's managed tensor behind a capsule, by DLPack variant.
+    #[derive(Clone, Copy)]
+    enum Managed {
+        Legacy(*mut DLManagedTensor),
+        Versioned(*mut DLManagedTensorVersioned),
+    }
+
+    impl Managed {
+        /// # Safety
+        /// The pointer must be live (its deleter not yet called).
+        unsafe fn dl_tensor<'a>(self) -> &'a DLTensor {
+            match self {
+                Managed::Legacy(p) => &(*p).dl_tensor,
+                Managed::Versioned(p) => &(*p).dl_tensor,
+            }
+        }
+
+        /// DLPack's name for the capsule once consumed.
+        fn used_name(self) -> &'static std::ffi::CStr {
+            match self {
+                Managed::Legacy(_) => c"used_dltensor",
+                Managed::Versioned(_) => c"used_dltensor_versioned",
+            }
+        }
+
+        /// Calls the producer's deleter (when it gave one), once.
+        ///
+        /// # Safety
+        /// The pointer must be live and the capsule consumed (renamed), so that nothing
+        /// else calls the deleter.
+        unsafe fn release(self) {
+            match self {
+                Managed::Legacy(p) => {
+                    if let Some(d) = (*p).deleter {
+                        d(p)
+                    }
+                }
+                Managed::Versioned(p) => {
+                    if let Some(d) = (*p).deleter {
+                        d(p)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the capsule `__dlpack__()` returned and consumes it: a capsule named
+    /// "dltensor" (or "dltensor_versioned" of DLPack 1.x), not already consumed, with
+    /// 0 <= ndim <= 64 and a shape array when ndim > 0. The metadata is copied out, then
+    /// the capsule is renamed "used_dltensor" (DLPack's mark of a consumed capsule) and
+    /// the producer's deleter called: the memory stays owned by the caller's object. A
+    /// capsule refused here is not consumed: its own destructor frees it.
+    fn consume_capsule(cap: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, arg: &'static str) -> Result<TensorMeta> {
         let Ok(cap) = cap.cast::<PyCapsule>() else {
             return Err(Error::NotTensor {
                 arg,
@@ -321,12 +356,11 @@ mod py {
             cap.pointer_checked(Some(name))
                 .map_err(|e| bad(format!("__dlpack__() returned a capsule without a pointer: {e}")))
         };
-        let dl: &DLTensor = if name == c"dltensor" {
-            let p = ptr(name)?;
-            // SAFETY: a "dltensor" capsule holds a DLManagedTensor (the DLPack protocol).
-            unsafe { &(*(p.as_ptr() as *const DLManagedTensor)).dl_tensor }
+        let managed = if name == c"dltensor" {
+            // A "dltensor" capsule holds a DLManagedTensor (the DLPack protocol).
+            Managed::Legacy(ptr(name)?.as_ptr() as *mut DLManagedTensor)
         } else if name == c"dltensor_versioned" {
-            let p = ptr(name)?.as_ptr() as *const DLManagedTensorVersioned;
+            let p = ptr(name)?.as_ptr() as *mut DLManagedTensorVersioned;
             // SAFETY: a "dltensor_versioned" capsule holds a DLManagedTensorVersioned whose
             // leading `version` field is stable across DLPack versions.
             let version = unsafe { (*p).version };
@@ -336,20 +370,47 @@ mod py {
                     version.major, version.minor
                 )));
             }
-            // SAFETY: DLPack 1.x layout.
-            unsafe { &(*p).dl_tensor }
+            Managed::Versioned(p)
         } else if name == c"used_dltensor" || name == c"used_dltensor_versioned" {
             return Err(bad("__dlpack__() returned a capsule that was already consumed".into()));
         } else {
             return Err(bad(format!("__dlpack__() returned a capsule named {name:?}, expected \"dltensor\"")));
         };
+        // SAFETY: the capsule's pointer, alive until its deleter runs (below).
+        let dl = unsafe { managed.dl_tensor() };
         if !(0..=MAX_NDIM).contains(&dl.ndim) {
             return Err(Error::shape(arg, format!("expected 0 <= ndim <= {MAX_NDIM} from DLPack, got ndim = {}", dl.ndim)));
         }
         if dl.ndim > 0 && dl.shape.is_null() {
             return Err(bad(format!("DLPack shape pointer is NULL for a {}-D tensor", dl.ndim)));
         }
-        Ok(())
+        let n = dl.ndim as usize;
+        // SAFETY: shape (checked non-NULL above) and strides (when non-NULL) point at ndim
+        // int64s, valid until the deleter runs. A 0-D tensor's may be NULL: not read.
+        let (shape, strides) = unsafe {
+            if n == 0 {
+                (Vec::new(), None)
+            } else {
+                let shape = std::slice::from_raw_parts(dl.shape, n).to_vec();
+                let strides = (!dl.strides.is_null()).then(|| std::slice::from_raw_parts(dl.strides, n).to_vec());
+                (shape, strides)
+            }
+        };
+        let meta = TensorMeta {
+            ptr: (dl.data as u64).wrapping_add(dl.byte_offset),
+            shape,
+            strides,
+            dtype: DType::from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes),
+            device: Device::from_dlpack(dl.device.device_type as u32, dl.device.device_id),
+        };
+        // SAFETY: a live capsule; the name is 'static. Renamed first, so that the capsule's
+        // own destructor (which frees an unconsumed "dltensor") does not free it again.
+        if unsafe { pyo3::ffi::PyCapsule_SetName(cap.as_ptr(), managed.used_name().as_ptr()) } != 0 {
+            return Err(Error::Internal(format!("{arg}: PyCapsule_SetName failed: {}", PyErr::fetch(cap.py()))));
+        }
+        // SAFETY: consumed above; nothing reads `dl` after this.
+        unsafe { managed.release() };
+        Ok(meta)
     }
 
     impl TensorMeta {
@@ -396,22 +457,7 @@ mod py {
                         .map_err(|e| Error::value(arg, format!("__dlpack__() failed: {e}")))?
                 }
             };
-            check_capsule(&cap, obj, arg)?;
-            let holder = Bound::new(py, Capsule(cap.unbind()))
-                .map_err(|e| Error::Internal(format!("{arg}: {e}")))?
-                .into_any();
-            let t = PyTensor::from_pyany(py, &holder)
-                .map_err(|e| Error::value(arg, format!("__dlpack__() failed: {e}")))?;
-            let dt = t.dtype();
-            let dev = t.device();
-            Ok(TensorMeta {
-                ptr: (t.data_ptr() as u64).wrapping_add(t.byte_offset()),
-                // A 0-D tensor's shape and strides may be NULL (DLPack): not read.
-                shape: if t.ndim() == 0 { Vec::new() } else { t.shape().to_vec() },
-                strides: if t.ndim() == 0 { None } else { t.strides().map(|s| s.to_vec()) },
-                dtype: DType::from_dlpack(dt.code, dt.bits, dt.lanes),
-                device: Device::from_dlpack(dev.device_type, dev.device_id),
-            })
+            consume_capsule(&cap, obj, arg)
         }
 
         /// `None` for Python None, else as `from_py`.

@@ -1,11 +1,20 @@
 //! TMA descriptors (CUtensorMap) for the stage-4 kernels, exactly as dhu_params.h
 //! lists them. The parameter computation is a pure function (`dhu_specs`, tested
 //! against the driver's documented limits); `build_tensor_maps` is the one place that
-//! encodes them, so a later per-signature cache wraps a single function.
+//! encodes them.
+//!
+//! `tensor_maps` wraps it in a per-signature cache: the seven maps depend on the
+//! device, the dtype and the extents (`TmaKey`; the tensors are contiguous, so the
+//! strides follow from the extents) and on seven addresses. A signature seen before
+//! costs one lookup and a `cuTensorMapReplaceAddress` per changed address instead of
+//! seven `cuTensorMapEncodeTiled`. The cache holds numbers only (keys and encoded
+//! maps: no tensor, no Python object), is bounded (`TMA_CACHE_CAPACITY` entries, least
+//! recently used evicted) and sits behind a mutex.
 
-use crate::driver::{check, require_driver};
+use crate::driver::{check, driver_present, require_driver};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
+use std::sync::{Mutex, OnceLock};
 use cudarc::driver::sys::{
     self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
     CUtensorMapL2promotion, CUtensorMapSwizzle,
@@ -39,7 +48,7 @@ pub struct TmaSpec {
 
 /// Extents the maps are built from. `nt` is chunks per batch row (dense) or the total
 /// chunk count (varlen, B == 1): dh has B*NT checkpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TmaShape {
     pub b: u64,
     pub t: u64,
@@ -185,6 +194,218 @@ pub fn build_tensor_maps(shape: &TmaShape, ptrs: &TmaPointers) -> Result<[CUtens
     Ok(maps)
 }
 
+/// The seven addresses in DhuParams order (q, k, w, do, dv, dv2, dh), with their names.
+fn addresses(p: &TmaPointers) -> [(&'static str, u64); 7] {
+    [("q", p.q), ("k", p.k), ("w", p.w), ("do", p.do_), ("dv", p.dv), ("dv2", p.dv2), ("dh", p.dh)]
+}
+
+/// The per-call half of `check_spec`: every address 16-byte aligned (what TMA requires
+/// of a global address), with `check_spec`'s message.
+pub fn check_addresses(p: &TmaPointers) -> Result<()> {
+    for (tensor, addr) in addresses(p) {
+        if addr % 16 != 0 {
+            return Err(Error::layout(
+                tensor,
+                format!("cannot build its TMA descriptor: address {addr:#x} is not 16-byte aligned"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Entries of the descriptor cache: one per (device, dtype, extents) signature.
+pub const TMA_CACHE_CAPACITY: usize = 64;
+
+/// Counters of a cache, for tests and `kda_dhu._core.tma_cache_info()`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+/// A small least-recently-used map of plain values. Linear scans: with at most a few
+/// dozen entries of a few words each, a scan is a few hundred nanoseconds at worst,
+/// and a const constructor lets it live in a `static`.
+#[derive(Debug)]
+pub struct Lru<K, V> {
+    /// (key, value, last use); unordered.
+    entries: Vec<(K, V, u64)>,
+    capacity: usize,
+    clock: u64,
+    stats: CacheStats,
+}
+
+impl<K: PartialEq + Copy, V: Copy> Lru<K, V> {
+    pub const fn new(capacity: usize) -> Self {
+        Lru { entries: Vec::new(), capacity, clock: 0, stats: CacheStats { hits: 0, misses: 0, evictions: 0 } }
+    }
+
+    /// The entry of `key`, marked most recently used; counts a hit or a miss.
+    pub fn get(&mut self, key: &K) -> Option<&mut V> {
+        self.clock += 1;
+        let now = self.clock;
+        match self.entries.iter_mut().find(|e| e.0 == *key) {
+            Some(e) => {
+                self.stats.hits += 1;
+                e.2 = now;
+                Some(&mut e.1)
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Inserts or replaces `key`'s entry; at capacity, the least recently used entry
+    /// makes room.
+    pub fn insert(&mut self, key: K, value: V) {
+        self.clock += 1;
+        let now = self.clock;
+        if let Some(e) = self.entries.iter_mut().find(|e| e.0 == key) {
+            *e = (key, value, now);
+            return;
+        }
+        if self.capacity == 0 {
+            return;
+        }
+        if self.entries.len() >= self.capacity {
+            let oldest = (0..self.entries.len()).min_by_key(|&i| self.entries[i].2).expect("capacity > 0");
+            self.entries.swap_remove(oldest);
+            self.stats.evictions += 1;
+        }
+        self.entries.push((key, value, now));
+    }
+
+    pub fn contains(&self, key: &K) -> bool {
+        self.entries.iter().any(|e| e.0 == *key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// Drops every entry and zeroes the counters.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.stats = CacheStats::default();
+    }
+}
+
+/// What the seven maps of a call depend on, besides the addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaKey {
+    /// CUDA ordinal of the tensors.
+    pub ordinal: i32,
+    pub shape: TmaShape,
+}
+
+/// Seven encoded maps and the addresses they were last given.
+#[derive(Clone, Copy)]
+pub struct TmaEntry {
+    pub maps: [CUtensorMap; 7],
+    pub addrs: [u64; 7],
+}
+
+impl std::fmt::Debug for TmaEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TmaEntry").field("addrs", &self.addrs).finish_non_exhaustive()
+    }
+}
+
+pub type TmaCache = Mutex<Lru<TmaKey, TmaEntry>>;
+
+/// The process's descriptor cache.
+static TMA_CACHE: TmaCache = Mutex::new(Lru::new(TMA_CACHE_CAPACITY));
+
+fn lock(cache: &TmaCache) -> std::sync::MutexGuard<'_, Lru<TmaKey, TmaEntry>> {
+    // A panic while holding the lock leaves whole entries (plain values): keep using it.
+    cache.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The seven maps of a call from `cache`: on a hit, the cached maps with the addresses
+/// that changed replaced (`replace`), on a miss `encode`d (outside the lock) and
+/// stored. The addresses are checked on every call. `encode` and `replace` are the
+/// driver calls in `tensor_maps`; tests pass fakes.
+pub fn lookup_or_encode(
+    cache: &TmaCache,
+    key: TmaKey,
+    ptrs: &TmaPointers,
+    encode: impl FnOnce() -> Result<[CUtensorMap; 7]>,
+    replace: impl Fn(&mut CUtensorMap, &'static str, u64) -> Result<()>,
+) -> Result<[CUtensorMap; 7]> {
+    check_addresses(ptrs)?;
+    let named = addresses(ptrs);
+    let addrs = named.map(|(_, a)| a);
+    {
+        let mut c = lock(cache);
+        if let Some(e) = c.get(&key) {
+            let mut maps = e.maps;
+            for (i, &(tensor, addr)) in named.iter().enumerate() {
+                if e.addrs[i] != addr {
+                    replace(&mut maps[i], tensor, addr)?;
+                }
+            }
+            *e = TmaEntry { maps, addrs };
+            return Ok(maps);
+        }
+    }
+    let maps = encode()?;
+    lock(cache).insert(key, TmaEntry { maps, addrs });
+    Ok(maps)
+}
+
+/// Whether the driver has `cuTensorMapReplaceAddress` (CUDA 12.0+, as is
+/// `cuTensorMapEncodeTiled`); without it every call encodes.
+fn replace_supported() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        // SAFETY: only looks the symbol up in the loaded libcuda.
+        driver_present() && unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuTensorMapReplaceAddress").is_ok() }
+    })
+}
+
+/// Points `map` at `addr` (cuTensorMapReplaceAddress: every other field kept).
+fn replace_address(map: &mut CUtensorMap, tensor: &'static str, addr: u64) -> Result<()> {
+    // SAFETY: `map` was encoded by cuTensorMapEncodeTiled; addr is 16-byte aligned
+    // (checked by the caller).
+    let res = unsafe { sys::cuTensorMapReplaceAddress(map, addr as *mut std::ffi::c_void) };
+    check(res, || format!("cuTensorMapReplaceAddress for {tensor} (address {addr:#x})"))
+}
+
+/// The seven descriptors of a call on device `ordinal`, through the process's cache.
+pub fn tensor_maps(ordinal: i32, shape: &TmaShape, ptrs: &TmaPointers) -> Result<[CUtensorMap; 7]> {
+    require_driver()?;
+    if !replace_supported() {
+        return build_tensor_maps(shape, ptrs);
+    }
+    lookup_or_encode(&TMA_CACHE, TmaKey { ordinal, shape: *shape }, ptrs, || build_tensor_maps(shape, ptrs), replace_address)
+}
+
+/// (hits, misses, evictions, entries, capacity) of the process's cache.
+pub fn cache_info() -> (CacheStats, usize, usize) {
+    let c = lock(&TMA_CACHE);
+    (c.stats(), c.len(), c.capacity())
+}
+
+/// Empties the process's cache (the next call of every signature encodes).
+pub fn cache_clear() {
+    lock(&TMA_CACHE).clear();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,5 +485,212 @@ mod tests {
         sh.t = 5;
         sh.nt = 1;
         assert!(dhu_specs(&sh, &ptrs()).is_ok());
+    }
+
+    // ---- the descriptor cache, with fake encode / replace (no driver) ----
+
+    /// Maps that carry their address in word 0 and an encode serial in word 1.
+    fn fake_maps(p: &TmaPointers, serial: u64) -> [CUtensorMap; 7] {
+        addresses(p).map(|(_, a)| {
+            let mut m = CUtensorMap { opaque: [0; 16] };
+            m.opaque[0] = a;
+            m.opaque[1] = serial;
+            m
+        })
+    }
+
+    fn key(ordinal: i32, t: u64) -> TmaKey {
+        let mut sh = shape(128, 64);
+        sh.t = t;
+        TmaKey { ordinal, shape: sh }
+    }
+
+    /// One call through `lookup_or_encode`: (maps, encoded?, replaced tensors).
+    fn call(cache: &TmaCache, k: TmaKey, p: &TmaPointers, serial: u64) -> Result<([CUtensorMap; 7], bool, Vec<&'static str>)> {
+        let encoded = std::cell::Cell::new(false);
+        let replaced = std::cell::RefCell::new(Vec::new());
+        let maps = lookup_or_encode(
+            cache,
+            k,
+            p,
+            || {
+                encoded.set(true);
+                Ok(fake_maps(p, serial))
+            },
+            |m, tensor, addr| {
+                replaced.borrow_mut().push(tensor);
+                m.opaque[0] = addr;
+                Ok(())
+            },
+        )?;
+        Ok((maps, encoded.get(), replaced.into_inner()))
+    }
+
+    fn addrs_of(maps: &[CUtensorMap; 7]) -> [u64; 7] {
+        maps.map(|m| m.opaque[0])
+    }
+
+    #[test]
+    fn a_miss_encodes_a_hit_replaces_only_changed_addresses() {
+        let cache: TmaCache = Mutex::new(Lru::new(4));
+        let p = ptrs();
+        let (maps, encoded, replaced) = call(&cache, key(0, 1000), &p, 1).unwrap();
+        assert!(encoded && replaced.is_empty());
+        assert_eq!(addrs_of(&maps), [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000]);
+
+        // Same signature, same pointers: the cached maps as they are.
+        let (maps, encoded, replaced) = call(&cache, key(0, 1000), &p, 2).unwrap();
+        assert!(!encoded && replaced.is_empty());
+        assert!(maps.iter().all(|m| m.opaque[1] == 1), "the encode of the first call");
+
+        // New outputs and a new q: three addresses replaced, nothing encoded.
+        let mut p2 = p;
+        p2.q = 0x11000;
+        p2.dv2 = 0x16000;
+        p2.dh = 0x17000;
+        let (maps, encoded, replaced) = call(&cache, key(0, 1000), &p2, 3).unwrap();
+        assert!(!encoded);
+        assert_eq!(replaced, ["q", "dv2", "dh"]);
+        assert_eq!(addrs_of(&maps), [0x11000, 0x2000, 0x3000, 0x4000, 0x5000, 0x16000, 0x17000]);
+        assert!(maps.iter().all(|m| m.opaque[1] == 1));
+
+        // Back to the first pointers: replaced again (the entry keeps the latest).
+        let (maps, _, replaced) = call(&cache, key(0, 1000), &p, 4).unwrap();
+        assert_eq!(replaced, ["q", "dv2", "dh"]);
+        assert_eq!(addrs_of(&maps), addrs_of(&fake_maps(&p, 0)));
+
+        let c = lock(&cache);
+        assert_eq!(c.stats(), CacheStats { hits: 3, misses: 1, evictions: 0 });
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn signatures_differ_by_device_dtype_and_extents() {
+        let cache: TmaCache = Mutex::new(Lru::new(8));
+        let p = ptrs();
+        let mut f16 = key(0, 1000);
+        f16.shape.dtype = DType::F16;
+        let mut nt = key(0, 1000);
+        nt.shape.nt = 17;
+        for k in [key(0, 1000), key(1, 1000), key(0, 999), f16, nt] {
+            let (_, encoded, _) = call(&cache, k, &p, 0).unwrap();
+            assert!(encoded, "{k:?} must be a miss");
+        }
+        assert_eq!(lock(&cache).len(), 5);
+        for k in [key(0, 1000), key(1, 1000), key(0, 999), f16, nt] {
+            let (_, encoded, _) = call(&cache, k, &p, 0).unwrap();
+            assert!(!encoded, "{k:?} must be a hit");
+        }
+    }
+
+    #[test]
+    fn the_least_recently_used_entry_is_evicted() {
+        let cache: TmaCache = Mutex::new(Lru::new(3));
+        let p = ptrs();
+        for t in [1, 2, 3] {
+            call(&cache, key(0, t), &p, t).unwrap();
+        }
+        // Touch 1: 2 is now the oldest.
+        assert!(!call(&cache, key(0, 1), &p, 0).unwrap().1);
+        assert!(call(&cache, key(0, 4), &p, 4).unwrap().1);
+        {
+            let c = lock(&cache);
+            assert_eq!(c.len(), 3);
+            assert!(c.contains(&key(0, 1)) && c.contains(&key(0, 3)) && c.contains(&key(0, 4)));
+            assert!(!c.contains(&key(0, 2)));
+            assert_eq!(c.stats().evictions, 1);
+        }
+        // 2 encodes again.
+        assert!(call(&cache, key(0, 2), &p, 5).unwrap().1);
+        assert_eq!(lock(&cache).len(), 3);
+        lock(&cache).clear();
+        assert!(lock(&cache).is_empty());
+        assert_eq!(lock(&cache).stats(), CacheStats::default());
+    }
+
+    #[test]
+    fn bounded_at_its_capacity() {
+        let cache: TmaCache = Mutex::new(Lru::new(TMA_CACHE_CAPACITY));
+        let p = ptrs();
+        for t in 1..=(3 * TMA_CACHE_CAPACITY as u64) {
+            call(&cache, key(0, t), &p, t).unwrap();
+        }
+        let c = lock(&cache);
+        assert_eq!(c.len(), TMA_CACHE_CAPACITY);
+        assert_eq!(c.stats().evictions, 2 * TMA_CACHE_CAPACITY as u64);
+        // The newest ones stay.
+        assert!(c.contains(&key(0, 3 * TMA_CACHE_CAPACITY as u64)));
+        assert!(!c.contains(&key(0, 1)));
+    }
+
+    #[test]
+    fn alignment_is_checked_on_every_call_hit_or_miss() {
+        let cache: TmaCache = Mutex::new(Lru::new(4));
+        let mut p = ptrs();
+        call(&cache, key(0, 1000), &p, 0).unwrap();
+        p.dh = 0x7008;
+        let e = call(&cache, key(0, 1000), &p, 0).unwrap_err();
+        assert_eq!(e.to_string(), "dh: cannot build its TMA descriptor: address 0x7008 is not 16-byte aligned");
+        // A failed call leaves the entry as it was.
+        p.dh = 0x7000;
+        let (maps, encoded, replaced) = call(&cache, key(0, 1000), &p, 0).unwrap();
+        assert!(!encoded && replaced.is_empty());
+        assert_eq!(maps[6].opaque[0], 0x7000);
+    }
+
+    #[test]
+    fn an_encode_failure_caches_nothing_and_a_replace_failure_keeps_the_entry() {
+        let cache: TmaCache = Mutex::new(Lru::new(4));
+        let p = ptrs();
+        let err = || Err(Error::Internal("encode".into()));
+        assert!(lookup_or_encode(&cache, key(0, 1000), &p, err, |_, _, _| Ok(())).is_err());
+        assert!(lock(&cache).is_empty());
+        call(&cache, key(0, 1000), &p, 0).unwrap();
+        let mut p2 = p;
+        p2.q = 0x9000;
+        let r = lookup_or_encode(&cache, key(0, 1000), &p2, || unreachable!(), |_, _, _| Err(Error::Internal("replace".into())));
+        assert!(r.is_err());
+        let (maps, _, replaced) = call(&cache, key(0, 1000), &p, 0).unwrap();
+        assert!(replaced.is_empty(), "the entry still holds the first addresses");
+        assert_eq!(maps[0].opaque[0], 0x1000);
+    }
+
+    /// The cache cannot keep a tensor (or any Python object) alive: its keys and values
+    /// are plain `Copy` numbers, 'static, shareable across threads.
+    #[test]
+    fn the_cache_holds_numbers_only() {
+        fn plain<T: Copy + Send + Sync + 'static>() {}
+        plain::<TmaKey>();
+        plain::<TmaEntry>();
+        // Nothing to drop: no reference count, no handle, no allocation.
+        assert!(!std::mem::needs_drop::<TmaKey>() && !std::mem::needs_drop::<TmaEntry>());
+    }
+
+    #[test]
+    fn the_cache_is_shared_safely_across_threads() {
+        let cache: TmaCache = Mutex::new(Lru::new(8));
+        std::thread::scope(|s| {
+            for worker in 0..4u64 {
+                let cache = &cache;
+                s.spawn(move || {
+                    for i in 0..200u64 {
+                        let mut p = ptrs();
+                        p.q = 0x10_0000 * (worker + 1) + 16 * i;
+                        let (maps, _, _) = call(cache, key(0, 1 + i % 12), &p, i).unwrap();
+                        assert_eq!(maps[0].opaque[0], p.q, "each call sees its own address");
+                    }
+                });
+            }
+        });
+        let c = lock(&cache);
+        assert_eq!(c.stats().hits + c.stats().misses, 800);
+        assert!(c.len() <= 8);
+    }
+
+    #[test]
+    fn without_a_driver_tensor_maps_is_an_error() {
+        if !driver_present() {
+            assert_eq!(tensor_maps(0, &shape(128, 64), &ptrs()).unwrap_err(), Error::NoDriver);
+        }
     }
 }

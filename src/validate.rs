@@ -190,20 +190,21 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
     // ---- shapes ----
     expect_rank(&a.q, "q", 4, "[B, T, H, K]")?;
     let (b, t, h, k) = (a.q.shape[0], a.q.shape[1], a.q.shape[2], a.q.shape[3]);
-    let qs = fmt_shape(&a.q.shape);
+    // Formatted only for a message (validation runs on every call).
+    let qs = || fmt_shape(&a.q.shape);
     if b < 1 {
-        return Err(Error::shape("q", format!("expected B >= 1 (shape [B, T, H, K]), got {qs}")));
+        return Err(Error::shape("q", format!("expected B >= 1 (shape [B, T, H, K]), got {}", qs())));
     }
     if t < 1 {
-        return Err(Error::shape("q", format!("expected T >= 1 (shape [B, T, H, K]), got {qs}")));
+        return Err(Error::shape("q", format!("expected T >= 1 (shape [B, T, H, K]), got {}", qs())));
     }
     if h < 1 {
-        return Err(Error::shape("q", format!("expected H >= 1 (shape [B, T, H, K]), got {qs}")));
+        return Err(Error::shape("q", format!("expected H >= 1 (shape [B, T, H, K]), got {}", qs())));
     }
     if !(1..=MAX_K).contains(&k) {
         return Err(Error::shape(
             "q",
-            format!("expected 1 <= K <= {MAX_K} (shape [B, T, H, K]), got K={k} in {qs}"),
+            format!("expected 1 <= K <= {MAX_K} (shape [B, T, H, K]), got K={k} in {}", qs()),
         ));
     }
     expect_shape(&a.k, "k", &a.q.shape, &["B", "T", "H", "K"], " like q")?;

@@ -365,6 +365,17 @@ def test_validate_raises_naming_the_argument(case: Bad):
     _assert_unchanged(kw, snap)
 
 
+@pytest.mark.parametrize("case", BAD, ids=[c.id for c in BAD])
+def test_prepare_and_plan_raise_the_same(case: Bad):
+    """The planner (and the prepared call of the kernel path) validate first: the same error."""
+    kw = case.make()
+    snap = _snapshot(kw)
+    for fn in (_core.plan, _core.prepare):
+        with pytest.raises(case.exc, match=case.match):
+            fn("extended", **kw)
+    _assert_unchanged(kw, snap)
+
+
 @pytest.mark.parametrize("case", [c for c in BAD if c.fla_api], ids=[c.id for c in BAD if c.fla_api])
 def test_public_api_raises_the_same(case: Bad, request):
     """On CPU tensors the input checks come before the device check: the same error."""
@@ -474,12 +485,42 @@ def test_valid_cpu_input_stops_at_the_device_check(make):
     assert kda_dhu.plan_call(**kw) == (False, "ValueError: q: expected a CUDA tensor, got a tensor on cpu")
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
         _core.plan("capable", **kw)
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
+        _core.prepare("capable", **kw)
     _assert_unchanged(kw, snap)
 
 
 def test_plan_rule_names_the_choices():
-    with pytest.raises(ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable', got \"fast\"$"):
-        _core.plan("fast", **call())
+    for fn in (_core.plan, _core.prepare):
+        with pytest.raises(ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable', got \"fast\"$"):
+            fn("fast", **call())
+
+
+def test_force_env_is_read_at_every_call(monkeypatch):
+    """KDA_DHU_FORCE's fast reader follows os.environ: set, changed, unset, and a
+    replaced os.environ."""
+    monkeypatch.setattr(_dispatch, "_warned_force", set())
+    assert _dispatch._force() is None
+    monkeypatch.setenv(_dispatch.FORCE_ENV, " Kernel ")
+    assert _dispatch._force() == "kernel"
+    os.environ[_dispatch.FORCE_ENV] = "fla"
+    assert _dispatch._force() == "fla"
+    for unset in ("", "0", "auto"):
+        monkeypatch.setenv(_dispatch.FORCE_ENV, unset)
+        assert _dispatch._force() is None
+    monkeypatch.delenv(_dispatch.FORCE_ENV)
+    assert _dispatch._force() is None
+    monkeypatch.setattr(os, "environ", {_dispatch.FORCE_ENV: "fla"})
+    assert _dispatch._force() == "fla"
+
+
+def test_descriptor_cache_counters_after_a_clear():
+    """The cache says its counters and bound; a clear zeroes them (CPU or GPU)."""
+    _core.tma_cache_clear()
+    info = _core.tma_cache_info()
+    assert info == {"hits": 0, "misses": 0, "evictions": 0, "size": 0,
+                    "capacity": _core.TMA_CACHE_CAPACITY}
+    assert _core.TMA_CACHE_CAPACITY == 64
 
 
 def test_force_env_with_a_bad_value_is_named(monkeypatch):
@@ -692,7 +733,7 @@ def test_chunk_table_longer_than_the_sequences_goes_to_fla(monkeypatch):
     """fla's CUDA-graph mode pads chunk_indices past the real chunk count; fla sizes dh by
     it, so such a call runs fla's function (no error, no kernel launch)."""
     sentinel = object()
-    monkeypatch.setattr(_dispatch, "_decide", lambda *a, **k: (True, "kernel-sm90a"))
+    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
     monkeypatch.setattr(_dispatch, "fla_function", lambda: (lambda **kw: sentinel))
 
     class NoLaunch:

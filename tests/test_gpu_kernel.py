@@ -28,7 +28,7 @@ def _run_poisoned(args):
     """The kernel path with every output prefilled with NaN."""
     from kda_dhu import _dispatch
 
-    ok, reason = _dispatch._decide(
+    ok, reason, call = _dispatch._prepare(
         "capable", args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
         args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
         args.get("state_v_first", False), args.get("cu_seqlens"), args.get("chunk_size", 64), None)
@@ -36,7 +36,7 @@ def _run_poisoned(args):
     return _dispatch._run_kernel(
         args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"), args.get("gk"),
         args.get("h0"), args.get("dht"), args["scale"], args.get("cu_seqlens"), None, None, False,
-        poison=True)
+        poison=True, call=call)
 
 
 def _check(args, tol_factor=1.25):

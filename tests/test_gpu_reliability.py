@@ -103,7 +103,7 @@ def _to(args: dict, device) -> dict:
 def _kernel_poisoned(args: dict):
     """The kernel path with every output prefilled with NaN (the plan must allow it)."""
     with _dispatch._device_ctx(args["q"]):
-        ok, reason = _dispatch._decide(
+        ok, reason, call = _dispatch._prepare(
             "capable", args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
             args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
             args.get("state_v_first", False), args.get("cu_seqlens"), args.get("chunk_size", 64),
@@ -112,7 +112,7 @@ def _kernel_poisoned(args: dict):
         return _dispatch._run_kernel(
             args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
             args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
-            args.get("cu_seqlens"), None, None, False, poison=True)
+            args.get("cu_seqlens"), None, None, False, poison=True, call=call)
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -88,7 +88,7 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
     monkeypatch.delenv("KDA_DHU_SM100_TRUSTED", raising=False)
     monkeypatch.setattr(_dispatch, "SM100_CHECK", SelfCheck("sm_100a"))
     good, bad = _outs(4), _outs(4, bad=True)
-    monkeypatch.setattr(_dispatch, "_decide", lambda *a, **k: (True, "kernel-sm100a"))
+    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm100a", None))
     monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: bad)
     monkeypatch.setattr(_dispatch, "fla_function", lambda: (lambda **kw: good))
     q = torch.zeros(1, 64, 1, 8, dtype=torch.bfloat16)
@@ -104,7 +104,7 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
 def test_sm90_plans_are_not_checked(monkeypatch):
     monkeypatch.setattr(_dispatch, "SM100_CHECK", SelfCheck("sm_100a"))
     ours = _outs(5)
-    monkeypatch.setattr(_dispatch, "_decide", lambda *a, **k: (True, "kernel-sm90a"))
+    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
     monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: ours)
 
     def no_fla():

@@ -10,7 +10,7 @@ cover; RuntimeError for CUDA driver failures (including "no CUDA driver (libcuda
 found"). Every message names the argument and what was expected.
 """
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 Tensor = Any  # any object with __dlpack__
 
@@ -18,6 +18,8 @@ MIN_CTAS_EXTENDED: int
 """CTA floor of the Extended rule (N*HV*(V/64)); 1 until set from measurement."""
 MIN_CTAS_B2A: int
 """CTA floor of the seed's rule (B*HV*(V/64) >= 256)."""
+TMA_CACHE_CAPACITY: int
+"""Entries of the TMA descriptor cache (64)."""
 
 def validate(
     q: Tensor,
@@ -78,6 +80,49 @@ def plan(
     raises where ``validate`` would, and RuntimeError without a CUDA driver.
     """
 
+class PreparedCall:
+    """A call read, validated and planned by ``prepare``; launching it reads only the
+    outputs. Holds the call's numbers (addresses, extents) and references to its input
+    objects; nothing of it outlives the object."""
+
+    def replan(self, rule: str) -> Tuple[bool, str]:
+        """The plan of this call under another rule (no re-validation)."""
+
+    def launch(
+        self,
+        dh: Tensor,
+        dh0: Optional[Tensor],
+        dv2: Tensor,
+        chunk_offsets: Optional[Tensor],
+        stream: int,
+    ) -> None:
+        """``launch`` of the prepared inputs: the outputs as ``launch`` takes them; with
+        cu_seqlens, ``chunk_offsets`` (int64, required unless the prepared call had it)
+        replaces the caller's and is checked as ``validate`` checks it; without, it is
+        not read. Raises as ``launch`` for the outputs; ValueError when the "capable"
+        plan is a fallback. Asynchronous."""
+
+def prepare(
+    rule: str,
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Optional[Tensor] = None,
+    gk: Optional[Tensor] = None,
+    h0: Optional[Tensor] = None,
+    dht: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    chunk_size: int = 64,
+    chunk_offsets: Optional[Tensor] = None,
+) -> Tuple[bool, str, PreparedCall]:
+    """``plan`` that also returns the call: ``(ok, reason, PreparedCall)``. The kernel
+    path of kda_dhu's entry points: one read and validation of the inputs per call.
+    Raises as ``plan``."""
+
 def launch(
     q: Tensor,
     k: Tensor,
@@ -111,9 +156,19 @@ def launch(
     cu_seqlens' values are trusted (reading them would synchronize): kda_dhu's Python
     entry points check them (start at 0, non-decreasing, last <= T) before calling this.
 
-    Re-validates everything; ValueError naming the reason when ``plan("capable", ...)``
-    would say fallback. Does not synchronize.
+    Reads and validates everything (``prepare`` + ``PreparedCall.launch`` read the
+    inputs once); ValueError naming the reason when ``plan("capable", ...)`` would say
+    fallback. The TMA descriptors come from a per-signature cache (device, dtype,
+    extents), their addresses replaced per call. Does not synchronize.
     """
+
+def tma_cache_info() -> Dict[str, int]:
+    """The TMA descriptor cache: {"hits", "misses", "evictions", "size", "capacity"}.
+    Keyed on (device ordinal, dtype, B, T, H, HV, K, V, NT); holds encoded descriptors
+    and addresses only (no tensor); least recently used entry evicted at capacity."""
+
+def tma_cache_clear() -> None:
+    """Empty the TMA descriptor cache and zero its counters."""
 
 def cuda_status() -> Tuple[bool, str]:
     """(usable, message): whether libcuda loads and initializes, its version and devices.

@@ -1,10 +1,11 @@
 """Entry points: fla's full signature, the seed's dispatcher, and the planner's verdict.
 
-Every entry point asks the Rust planner (``kda_dhu._core.plan``) whether the kernel
+Every entry point asks the Rust planner (``kda_dhu._core.prepare``) whether the kernel
 covers the call. It says kernel or fallback, and why; a call it cannot accept at all
 (bad dtype, shape, device, scale, ...) raises there, naming the argument. Outputs are
 allocated here with torch (the caching allocator, on the inputs' device) and the
-kernel is launched on torch's current stream of that device.
+kernel is launched on torch's current stream of that device, through the prepared
+call: the inputs are read and validated once per call (issue #7, host overhead).
 """
 
 from __future__ import annotations
@@ -33,6 +34,42 @@ BT = 64
 # or the measured K = 64 loss) and raises where it is not; KDA_DHU_FORCE=fla always
 # calls fla's own function. Read at every call.
 FORCE_ENV = "KDA_DHU_FORCE"
+
+
+def _env_reader(name: str):
+    """A function returning os.environ.get(name), at a tenth of its cost.
+
+    ``os.environ.get`` encodes the key and decodes the value on every call (~0.6 us);
+    this looks the pre-encoded key up in the mapping's own dict, which every change
+    through ``os.environ`` (``monkeypatch.setenv`` included) updates. Falls back to
+    ``os.environ.get`` where that dict is not there, or when ``os.environ`` itself was
+    replaced.
+    """
+    env = os.environ
+    data = getattr(env, "_data", None)
+    try:
+        key = env.encodekey(name)
+        decode = env.decodevalue
+    except AttributeError:
+        data = None
+    if not isinstance(data, dict):
+        return lambda: os.environ.get(name)
+
+    def read():
+        if os.environ is not env:
+            return os.environ.get(name)
+        raw = data.get(key)
+        return None if raw is None else decode(raw)
+
+    return read
+
+
+_read_force = _env_reader(FORCE_ENV)
+
+# torch's current raw stream of a device, as an int: what
+# ``torch.cuda.current_stream(device).cuda_stream`` returns, without building a Stream
+# object (~1 us less; torch's own compiled kernels launch through it).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 _fla_lock = threading.Lock()
 _fla_fn = None
@@ -64,18 +101,28 @@ def fla_function():
     return _fla_fn
 
 
+_NO_CTX = contextlib.nullcontext()  # stateless: one for every call
+
+# torch's current CUDA device, without torch.cuda.current_device()'s lazy-init check
+# (a CUDA tensor exists, so CUDA is initialized).
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 def _device_ctx(q):
     """torch exports a CUDA tensor through DLPack only on its current device."""
-    if isinstance(q, torch.Tensor) and q.is_cuda and q.device.index != torch.cuda.current_device():
+    if isinstance(q, torch.Tensor) and q.is_cuda and q.get_device() != _cuda_get_device():
         return torch.cuda.device(q.device)
-    return contextlib.nullcontext()
+    return _NO_CTX
 
 
 _warned_force = set()
 
 
 def _force() -> Optional[str]:
-    value = os.environ.get(FORCE_ENV, "").strip().lower()
+    raw = _read_force()
+    if raw is None:
+        return None
+    value = raw.strip().lower()
     if value in ("", "0", "auto"):
         return None
     if value not in ("kernel", "fla"):
@@ -99,23 +146,35 @@ def _default_scale(q, scale: Optional[float]) -> Optional[float]:
     return scale
 
 
-def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
-            cu_seqlens, chunk_size, chunk_offsets) -> Tuple[bool, str]:
-    """(use_kernel, reason). Raises on input that is invalid for fla and kernel alike."""
+def _prepare(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
+             cu_seqlens, chunk_size, chunk_offsets) -> Tuple[bool, str, object]:
+    """(use_kernel, reason, prepared call or None). Raises on input that is invalid for
+    fla and kernel alike.
+
+    The prepared call (``_core.PreparedCall``) holds the validated inputs: launching it
+    (``_run_kernel``) reads only the outputs. None under KDA_DHU_FORCE=fla.
+    """
     if _core is None:
         raise ImportError(f"kda_dhu's compiled extension (kda_dhu._core) is not built: {_core_error}")
     force = _force()
     if force == "fla":
         _core.validate(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens,
                        chunk_size, chunk_offsets)
-        return False, f"{FORCE_ENV}=fla"
-    ok, reason = _core.plan(rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
-                            cu_seqlens, chunk_size, chunk_offsets)
+        return False, f"{FORCE_ENV}=fla", None
+    ok, reason, call = _core.prepare(rule, q, k, w, do, dv, g, gk, h0, dht, scale,
+                                     state_v_first, cu_seqlens, chunk_size, chunk_offsets)
     if force == "kernel" and not ok:
-        ok, reason = _core.plan("capable", q, k, w, do, dv, g, gk, h0, dht, scale,
-                                state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+        ok, reason = call.replan("capable")
         if not ok:
             raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
+    return ok, reason, call
+
+
+def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
+            cu_seqlens, chunk_size, chunk_offsets) -> Tuple[bool, str]:
+    """(use_kernel, reason). Raises on input that is invalid for fla and kernel alike."""
+    ok, reason, _ = _prepare(rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
+                             cu_seqlens, chunk_size, chunk_offsets)
     return ok, reason
 
 
@@ -146,6 +205,17 @@ def _varlen_chunks(cu_seqlens: torch.Tensor, T: int):
     return NT, chunk_offsets
 
 
+def _empty(q, shape, dtype):
+    """torch.empty(shape, dtype=dtype, device=q.device): a plain tensor.
+
+    ``q.new_empty`` where q is a plain tensor (~0.3 us less: no device object); a
+    subclass's new_empty could return the subclass.
+    """
+    if type(q) is torch.Tensor:
+        return q.new_empty(shape, dtype=dtype)
+    return torch.empty(shape, dtype=dtype, device=q.device)
+
+
 def _alloc(shape, dtype, device, use_graph: bool, name: str):
     if use_graph:
         from fla.ops.utils.graph import get_static_buffer
@@ -158,15 +228,30 @@ def _alloc(shape, dtype, device, use_graph: bool, name: str):
 SM100_CHECK = SelfCheck("sm_100a")
 
 
-def _guarded(reason: str, sig, run_kernel, run_fla):
-    """Run the planned kernel; on an architecture whose kernel is unverified, self-check it."""
+def _guarded(reason: str, signature, run_kernel, run_fla):
+    """Run the planned kernel; on an architecture whose kernel is unverified, self-check it.
+
+    ``signature()`` gives the call's shape signature (computed only for that check).
+    """
     if reason == "kernel-sm100a":
-        return SM100_CHECK.run(sig, run_kernel, run_fla)
+        return SM100_CHECK.run(signature(), run_kernel, run_fla)
     return run_kernel()
 
 
+def _current_stream(q) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(q.get_device())
+    return torch.cuda.current_stream(q.device).cuda_stream
+
+
 def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indices,
-                chunk_offsets, use_graph, poison=False):
+                chunk_offsets, use_graph, poison=False, call=None):
+    """Allocates the outputs and launches the kernel; None where fla's function must run.
+
+    ``call``: the ``_core.PreparedCall`` of these arguments (from ``_prepare``), which
+    launches without reading the inputs again; None launches through ``_core.launch``
+    (reads and validates everything).
+    """
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     if cu_seqlens is not None:
@@ -179,17 +264,25 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
             return None
     else:
         NT, chunk_offsets = (T + BT - 1) // BT, None
-    dh = _alloc((B, NT, HV, K, V), q.dtype, q.device, use_graph, "dhu_dh")
-    dh0 = (_alloc(tuple(h0.shape), torch.float32, q.device, use_graph, "dhu_dh0")
-           if h0 is not None else None)
-    dv2 = _alloc(tuple(dv.shape), dv.dtype, q.device, use_graph, "dhu_dv2")
+    if use_graph:
+        dh = _alloc((B, NT, HV, K, V), q.dtype, q.device, use_graph, "dhu_dh")
+        dh0 = (_alloc(tuple(h0.shape), torch.float32, q.device, use_graph, "dhu_dh0")
+               if h0 is not None else None)
+        dv2 = _alloc(tuple(dv.shape), dv.dtype, q.device, use_graph, "dhu_dv2")
+    else:
+        dh = _empty(q, (B, NT, HV, K, V), q.dtype)
+        dh0 = _empty(q, h0.shape, torch.float32) if h0 is not None else None
+        dv2 = _empty(q, dv.shape, dv.dtype)
     if poison:  # tests: an element the kernel does not write stays NaN
         for out in (dh, dh0, dv2):
             if out is not None:
                 out.fill_(float("nan"))
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _core.launch(q, k, w, do, dv, g, gk, h0, dht, float(scale), False, cu_seqlens, BT,
-                 chunk_offsets, dh, dh0, dv2, stream)
+    stream = _current_stream(q)
+    if call is not None:
+        call.launch(dh, dh0, dv2, chunk_offsets, stream)
+    else:
+        _core.launch(q, k, w, do, dv, g, gk, h0, dht, float(scale), False, cu_seqlens, BT,
+                     chunk_offsets, dh, dh0, dv2, stream)
     return dh, dh0, dv2
 
 
@@ -296,16 +389,18 @@ def chunk_gated_delta_rule_bwd_dhu(
             chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, use_graph=use_graph)
 
     with _device_ctx(q):
-        use_kernel, reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
-                                     state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+        use_kernel, reason, call = _prepare("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
+                                            state_v_first, cu_seqlens, chunk_size, chunk_offsets)
         if use_kernel and not _graph_clause(cu_seqlens, use_graph):
             def run_kernel():
                 out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
-                                  chunk_indices, chunk_offsets, use_graph)
+                                  chunk_indices, chunk_offsets, use_graph, call=call)
                 return run_fla() if out is None else out
 
-            sig = signature_of(q, k, w, do, dv, g, gk, h0, dht, cu_seqlens, entry="extended")
-            return _guarded(reason, sig, run_kernel, run_fla)
+            def signature():
+                return signature_of(q, k, w, do, dv, g, gk, h0, dht, cu_seqlens, entry="extended")
+
+            return _guarded(reason, signature, run_kernel, run_fla)
     return run_fla()
 
 
@@ -330,15 +425,17 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
                               scale=scale, chunk_size=chunk_size)
 
     with _device_ctx(qg):
-        use_kernel, reason = _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False,
-                                     None, chunk_size, None)
+        use_kernel, reason, call = _prepare("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale,
+                                            False, None, chunk_size, None)
         if use_kernel:
             def run_kernel():
                 return _run_kernel(qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None,
-                                   False)
+                                   False, call=call)
 
-            sig = signature_of(qg, kg, w, do, dv, g2, h0, dht, entry="b2a")
-            return _guarded(reason, sig, run_kernel, run_fla)
+            def signature():
+                return signature_of(qg, kg, w, do, dv, g2, h0, dht, entry="b2a")
+
+            return _guarded(reason, signature, run_kernel, run_fla)
     return run_fla()
 
 
