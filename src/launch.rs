@@ -545,10 +545,10 @@ mod tests {
 
     #[test]
     fn a_prepared_call_replans_without_revalidating() {
-        // K = 64: Extended's policy says fallback, Capable says kernel.
-        let (pc, p) = prepared(on_cuda(call(2, 128, 4, 4, 64, 64, DType::BF16)), Rule::Extended);
+        // A few CTAs over long sequences: Extended's policy says fallback, Capable says kernel.
+        let (pc, p) = prepared(on_cuda(call(1, 256 * 64, 4, 4, 64, 64, DType::BF16)), Rule::Extended);
         assert!(!p.is_kernel());
-        assert!(p.describe().1.starts_with("K = 64"), "{p}");
+        assert!(p.describe().1.starts_with("4 CTAs <= half of 132 SMs"), "{p}");
         assert_eq!(pc.replan(Rule::Capable).describe(), (true, "kernel-sm90a".to_string()));
         assert_eq!(pc.replan(Rule::Extended), p);
         for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {

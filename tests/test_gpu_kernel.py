@@ -88,6 +88,29 @@ def test_varlen(rng, gate):
     _check(args)
 
 
+def test_varlen_int32_cu_seqlens_run_the_kernel(rng):
+    """int32 cu_seqlens / chunk_offsets (fla's context-parallel path builds int32) take the
+    kernel path and match fla; the caller's int32 tensors are left as they were."""
+    import kda_dhu
+
+    lengths = [1, 63, 65, 128, 200, 64, 7]
+    args = make_inputs(1, None, 2, 2, 128, 128, torch.bfloat16, "gk", varlen_lengths=lengths,
+                       device="cuda", generator=rng)
+    cu32 = args["cu_seqlens"].to(torch.int32)
+    chunks = [(n + 63) // 64 for n in lengths]
+    offs32 = torch.tensor([0] + list(torch.tensor(chunks).cumsum(0)[:-1]), dtype=torch.int32,
+                          device="cuda")
+    args32 = dict(args, cu_seqlens=cu32, chunk_offsets=offs32)
+    before = (cu32.clone(), offs32.clone())
+    assert kda_dhu.plan_call(**args32) == (True, "kernel-sm90a")
+    ours = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**args32)
+    fla = kda_dhu.fla_function()(**args)
+    for name, o, f in zip(("dh", "dh0", "dv2"), ours, fla):
+        assert o.shape == f.shape, name
+        assert _rel(o, f) < 1e-2, name
+    assert cu32.dtype == torch.int32 and torch.equal(cu32, before[0]) and torch.equal(offs32, before[1])
+
+
 def test_varlen_padded_batch_zeroes_dv2_padding(rng):
     lengths = [100, 30, 70]  # the last sequence ends mid-chunk: its last box reads padding
     args = make_inputs(1, 300, 2, 2, 64, 64, torch.bfloat16, "gk", varlen_lengths=lengths,

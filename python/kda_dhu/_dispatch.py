@@ -178,6 +178,15 @@ def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
     return ok, reason
 
 
+def _index64(t):
+    """An int32 index tensor (cu_seqlens, chunk_offsets) as int64 for the kernel, which reads
+    int64: fla takes either (its context-parallel path builds int32 cu_seqlens). Anything
+    else is returned as it is, for the validator to judge."""
+    if isinstance(t, torch.Tensor) and t.dtype == torch.int32:
+        return t.to(torch.int64)
+    return t
+
+
 def _varlen_chunks(cu_seqlens: torch.Tensor, T: int):
     """Checks cu_seqlens' values and returns (NT total, chunk_offsets as int64 [N+1]).
 
@@ -313,8 +322,8 @@ def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
     try:
         with _device_ctx(q):
             ok, reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht,
-                                 _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
-                                 chunk_offsets)
+                                 _default_scale(q, scale), state_v_first, _index64(cu_seqlens),
+                                 chunk_size, _index64(chunk_offsets))
     except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
         return False, f"{type(err).__name__}: {err}"
     graph = _graph_clause(cu_seqlens, use_graph)
@@ -357,7 +366,8 @@ def chunk_gated_delta_rule_bwd_dhu(
         dht: fp32 gradient of the final state, shaped like h0, or None (zeros).
         scale: multiplies the fp32 q^T do dot; None means K ** -0.5.
         state_v_first: dh, dht, h0, dh0 keep V before K.
-        cu_seqlens: int64 [N + 1] sequence offsets of a packed batch (B == 1), or None.
+        cu_seqlens: int64 or int32 [N + 1] sequence offsets of a packed batch (B == 1), or
+            None (int32 is widened to int64 for the kernel).
         chunk_size: 64 on the kernel path (fla handles others).
         chunk_indices, chunk_offsets: fla's precomputed varlen chunk tables, optional.
         use_graph: fla's static output buffers for CUDA-graph capture. With cu_seqlens the
@@ -389,12 +399,15 @@ def chunk_gated_delta_rule_bwd_dhu(
             chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, use_graph=use_graph)
 
     with _device_ctx(q):
+        # int32 cu_seqlens / chunk_offsets (fla accepts them) reach the kernel as int64;
+        # fla's function, if it runs, gets the caller's tensors.
+        cu64, offsets64 = _index64(cu_seqlens), _index64(chunk_offsets)
         use_kernel, reason, call = _prepare("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
-                                            state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+                                            state_v_first, cu64, chunk_size, offsets64)
         if use_kernel and not _graph_clause(cu_seqlens, use_graph):
             def run_kernel():
-                out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens,
-                                  chunk_indices, chunk_offsets, use_graph, call=call)
+                out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu64,
+                                  chunk_indices, offsets64, use_graph, call=call)
                 return run_fla() if out is None else out
 
             def signature():
