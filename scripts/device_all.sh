@@ -7,7 +7,7 @@
 # Logs come back as $OUT/logs.tgz.
 #   run(command="bash scripts/device_all.sh [pytest -k expr]", carry=[".carry"])
 # Environment: SHARDS (4), PHASE1_TIMEOUT (330 s), BENCH_TIMEOUT (220 s), SKIP_SAN=1,
-# SKIP_BENCH=1, SKIP_TESTS=1, BENCH_CMD (python3 -m kda_dhu.bench), BENCH_ARGS (--all).
+# SKIP_BENCH=1, SKIP_TESTS=1, E2E=1 (+E2E_ARGS, E2E_DEVICE), CP=1 (+CP_ARGS), BENCH_CMD (python3 -m kda_dhu.bench), BENCH_ARGS (--all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -39,8 +39,24 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     OUT=$RES SAN_TIMEOUT=$(( ${PHASE1_TIMEOUT:-330} / 3 - 5 )) timeout "${PHASE1_TIMEOUT:-330}" bash scripts/sanitize.sh > "$RES/sanitize.log" 2>&1 &
     san=$!
   fi
+  # On a machine of two GPUs: the end-to-end run (on cuda:1, E2E=1) and fla's context-
+  # parallel check (both GPUs, CP=1) alongside the tests.
+  extra=()
+  if [ -n "${E2E:-}" ]; then
+    CUDA_VISIBLE_DEVICES=${E2E_DEVICE:-1} timeout --kill-after=10 "${PHASE1_TIMEOUT:-330}" \
+      python3 benches/e2e.py --out "$RES" ${E2E_ARGS:-} > "$RES/e2e.log" 2>&1 &
+    extra+=($!)
+  fi
+  if [ -n "${CP:-}" ]; then
+    OUT=$RES timeout --kill-after=10 "${PHASE1_TIMEOUT:-330}" python3 -m torch.distributed.run --standalone \
+      --nproc_per_node=2 benches/cp_check.py --require-kernel all --out "$RES" ${CP_ARGS:-} > "$RES/cp_check.log" 2>&1 &
+    extra+=($!)
+  fi
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   stamp "tests done (rc $rc)"
+  for p in "${extra[@]}"; do wait "$p" || rc=1; done
+  [ -n "${E2E:-}" ] && { stamp "e2e done"; tail -n 25 "$RES/e2e.log"; }
+  [ -n "${CP:-}" ] && { stamp "cp_check done"; tail -n 25 "$RES/cp_check.log"; }
   for s in $(seq 0 $((SHARDS - 1))); do
     grep -E "passed|failed|error|FAILED|ERROR" "$RES/pytest_$s.log" | tail -n 12
   done
