@@ -1,8 +1,10 @@
 // Stage 4 of fla's chunked gated delta rule backward on Hopper (sm_90a):
 // the reverse state scan `chunk_gated_delta_rule_bwd_dhu`, TMA + wgmma.
 //
-// One CTA owns (sequence n, value head hv, V tile of BV = 64 columns) and walks the
-// sequence's chunks of BT = 64 tokens newest first. The state gradient b [K, BV] lives
+// A consumer warpgroup owns (sequence n, value head hv, V tile of BV = 64 columns) and
+// walks the sequence's chunks of BT = 64 tokens newest first; a CTA holds NWG = 1 or 2
+// of them (NWG = 2: the two V tiles of 128 columns share the CTA's k, q, w loads and
+// run two independent chains on one SM). The state gradient b [K, BV] lives
 // in fp32 registers for the whole walk, kept negated (c = -b) so that the w^T dv2
 // product accumulates straight into it (one fp32 accumulator less). Per chunk (SPEC.md):
 //
@@ -24,17 +26,21 @@
 // where fla keeps q[t] * exp2(g[t]) in fp32 for a TF32 dot (measured within SPEC.md's
 // bar on the H200: tests/test_gpu_kernel.py, gate "g").
 //
-// Warp roles (160 threads):
-//   warps 0-3  consumer warpgroup: all wgmma, the fp32 recurrence, epilogues, TMA stores
-//   warp 4     producer: TMA loads of chunk tiles into a 2-stage mbarrier ring
-//              (k, q, w, do, dv tiles + the gk row e-1 by a bulk copy + g by plain loads)
+// Warp roles (NWG = 1: 160 threads; NWG = 2: 384, the producer a whole warpgroup so that
+// setmaxnreg can hand its registers to the consumers):
+//   warpgroup wg < NWG  consumers of V tile wg: all wgmma, the fp32 recurrence,
+//                       epilogues, TMA stores (issued by the warpgroup's thread 0)
+//   next warp           producer: TMA loads of chunk tiles into a 2-stage mbarrier ring
+//                       (k, q, w, NWG do and dv tiles + the gk row e-1 by a bulk copy +
+//                       g by plain loads)
 //
 // Barriers per stage s: full[s] (producer arrive.expect_tx + TMA bytes; consumers wait),
-// empty[s] (one arrive per consumer warp once the stage's operands are consumed).
-// Named barrier 1 (128 consumer threads) orders generic smem writes (dv2, bf16 b, do
-// rows) before their async-proxy readers (wgmma, TMA store), each preceded by
-// fence.proxy.async in the writing threads. The pipeline is drawn in
-// docs/dhu_sm90_pipeline.md.
+// empty[s] (one arrive per consumer thread once its reads of the stage are complete).
+// Named barrier 1 + wg (the warpgroup's 128 threads) orders generic smem writes (dv2,
+// bf16 b, do rows) before their async-proxy readers (wgmma, TMA store), each preceded by
+// fence.proxy.async in the writing threads; barrier 3 (all consumers) does so for the
+// shared q / w rows zeroed in a varlen sequence's short chunk. The pipeline (NWG = 1)
+// is drawn in docs/dhu_sm90_pipeline.md.
 //
 // Shared memory operands, all 128-byte swizzled (TMA SWIZZLE_128B == CuTe's GMMA SW128
 // atoms), tile bases 1024-byte aligned:
@@ -42,9 +48,9 @@
 //   sQ,sW(k, t)  mn-major : A of QD / WD     same bytes as TMA wrote them
 //   sDo, sDv, sDv2 (v, t) mn-major : B of QD / WD (dv read by threads)   [64 rows t][64 v]
 //   sBh  (v, k)  mn-major : B of DV and the dh checkpoint's TMA source    [K rows k][64 v]
-// sBh is triple-buffered and sDv2 double-buffered so that the TMA stores reading them
-// never stall the serial chain (one cp.async.bulk group per chunk; the group of chunk
-// i-1 is waited for, read side only, at the end of chunk i).
+// Per warpgroup, one sBh and two sDv2: chunk i's dh store (committed at its start) and
+// chunk i-1's dv2 store are waited for, read side only, before the mid-chunk barrier,
+// so sBh is free again by the chunk's end and sDv2[i % 2] by chunk i + 2.
 
 #include <cuda.h>
 #include <cuda_bf16.h>
