@@ -73,7 +73,8 @@ import traceback
 
 import torch
 
-BACKEND_ENV = "FLA_KDA_DHU"            # kda-dhu's fla backend switch, read by fla at every call
+from kda_dhu.testing import BACKEND_ENV, KernelProbe, backend_mode  # noqa: F401  (backend_mode: the script's API)
+
 STAGE4 = "chunk_gated_delta_rule_bwd_dhu"
 BACKWARD_MODULE = "fla.ops.kda.chunk_bwd"  # the module whose STAGE4 global KDA's backward calls
 GRAD_NAMES = ("q", "k", "v", "g", "beta")
@@ -440,79 +441,32 @@ def report(rank_results: list, args, env: dict, seconds: float) -> int:
 
 # ----------------------------------------------------------------------------- probes
 
-@contextlib.contextmanager
-def backend_mode(mode: str):
-    """kda-dhu's fla backend off (fla, fla_again: FLA_KDA_DHU=0) or on (kda_dhu: unset);
-    restores the variable afterwards."""
-    before = os.environ.get(BACKEND_ENV)
-    if mode == "kda_dhu":
-        os.environ.pop(BACKEND_ENV, None)
-    else:
-        os.environ[BACKEND_ENV] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(BACKEND_ENV, None)
-        else:
-            os.environ[BACKEND_ENV] = before
-
-
-class Routing:
-    """Counts kda-dhu kernel launches (kda_dhu._dispatch._run_kernel returning outputs),
-    records the backend verifier's verdicts (kda_dhu._dispatch.plan_call) and counts
-    stage-4 calls made by KDA's backward (fla.ops.kda.chunk_bwd's global), by rebinding
-    the three names for the duration of the block (each is looked up at call time)."""
+class Routing(KernelProbe):
+    """kda_dhu.testing.KernelProbe (kernel launches, the backend verifier's verdicts) that
+    also counts the stage-4 calls made by KDA's backward (fla.ops.kda.chunk_bwd's global)."""
 
     def __init__(self):
         import importlib
 
-        self.dispatch = importlib.import_module("kda_dhu._dispatch")
         self.bwd = importlib.import_module(BACKWARD_MODULE)
-        self.reset()
+        super().__init__()
 
     def reset(self):
-        self.launches, self.calls, self.verdicts = 0, 0, []
+        super().reset()
+        self.calls = 0
 
     def snapshot(self) -> dict:
         return {"kernel_launches": self.launches, "stage4_calls": self.calls,
                 "verdicts": sorted({f"{'kernel' if ok else 'fla'}: {why}" for ok, why in self.verdicts})}
 
-    def __enter__(self):
-        d, b = self.dispatch, self.bwd
-        self._saved = (d._run_kernel, d.plan_call, b.__dict__[STAGE4])
-        run0, plan0, stage0 = self._saved
+    def _wrappers(self) -> list:
+        def stage4(original):
+            def wrapper(*a, **kw):
+                self.calls += 1
+                return original(*a, **kw)
+            return wrapper
 
-        def run_kernel(*a, **kw):
-            out = run0(*a, **kw)
-            if out is not None:   # None: nothing launched, fla ran instead
-                self.launches += 1
-            return out
-
-        def plan_call(*a, **kw):
-            verdict = plan0(*a, **kw)
-            self.verdicts.append(verdict)
-            return verdict
-
-        def stage4(*a, **kw):
-            self.calls += 1
-            return stage0(*a, **kw)
-
-        stage4.__wrapped__ = stage0
-        self._ours = (run_kernel, plan_call, stage4)
-        d._run_kernel, d.plan_call = run_kernel, plan_call
-        setattr(b, STAGE4, stage4)
-        return self
-
-    def __exit__(self, *exc):
-        d, b = self.dispatch, self.bwd
-        if d._run_kernel is self._ours[0]:
-            d._run_kernel = self._saved[0]
-        if d.plan_call is self._ours[1]:
-            d.plan_call = self._saved[1]
-        if b.__dict__.get(STAGE4) is self._ours[2]:
-            setattr(b, STAGE4, self._saved[2])
-        return False
+        return super()._wrappers() + [(self.bwd, STAGE4, stage4)]
 
 
 # ----------------------------------------------------------------------------- the GPU run
@@ -796,11 +750,12 @@ def dry_run(args) -> int:
                 assert backend.is_enabled() == (mode == "kda_dhu"), mode
         assert os.environ.get(BACKEND_ENV) == before
         with Routing() as probe:
-            import importlib
-
-            assert importlib.import_module(BACKWARD_MODULE).__dict__[STAGE4] is probe._ours[2]
-        assert importlib.import_module(BACKWARD_MODULE).__dict__[STAGE4] is probe._saved[2]
-        assert probe.dispatch._run_kernel is probe._saved[0] and probe.dispatch.plan_call is probe._saved[1]
+            bound = {name: (module, original, ours) for module, name, original, ours in probe._bound}
+            assert set(bound) == {"_run_kernel", "plan_call", STAGE4}, sorted(bound)
+            for name, (module, original, ours) in bound.items():
+                assert module.__dict__[name] is ours, name
+        for name, (module, original, ours) in bound.items():
+            assert module.__dict__[name] is original, name
         print("dry run: kda_dhu's backend registered; FLA_KDA_DHU switch and routing probes work")
     except ImportError as err:
         print(f"dry run: backend switch not checked ({err})")

@@ -50,7 +50,6 @@ case that raised; 2 no usable GPU / kda-dhu extension.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib
 import json
@@ -61,7 +60,11 @@ import sys
 import time
 import traceback
 
-BACKEND_ENV = "FLA_KDA_DHU"       # kda-dhu's fla backend switch (fla reads it at every call)
+# The backend switch (FLA_KDA_DHU) and the kernel-launch / verdict probe, shared with
+# benches/cp_check.py.
+from kda_dhu.testing import BACKEND_ENV, KernelProbe, restored_backend
+from kda_dhu.testing import set_backend as set_mode
+
 STAGE4 = "chunk_gated_delta_rule_bwd_dhu"
 MODES = ("fla", "kda_dhu")          # FLA_KDA_DHU=0, unset
 DEVICE = "cuda"
@@ -149,68 +152,6 @@ def forward(op: str, x: dict, cu, cu_cpu, **extra):
 
 
 # ----------------------------------------------------------------------------- modes and probes
-
-def set_mode(mode: str) -> None:
-    """kda-dhu's fla backend off ("fla": FLA_KDA_DHU=0) or on ("kda_dhu": unset)."""
-    if mode == "fla":
-        os.environ[BACKEND_ENV] = "0"
-    else:
-        os.environ.pop(BACKEND_ENV, None)
-
-
-@contextlib.contextmanager
-def restored_env():
-    before = os.environ.get(BACKEND_ENV)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(BACKEND_ENV, None)
-        else:
-            os.environ[BACKEND_ENV] = before
-
-
-class KernelProbe:
-    """Counts kda-dhu kernel launches and records the fla backend verifier's verdicts,
-    by temporarily rebinding kda_dhu._dispatch._run_kernel and .plan_call (both looked
-    up in that module at call time)."""
-
-    def __init__(self):
-        self.dispatch = importlib.import_module("kda_dhu._dispatch")
-        self.launches = 0
-        self.verdicts = []
-
-    def reset(self):
-        self.launches = 0
-        self.verdicts = []
-
-    def __enter__(self):
-        d = self.dispatch
-        self._run, self._plan = d._run_kernel, d.plan_call
-
-        def run_kernel(*args, **kwargs):
-            out = self._run(*args, **kwargs)
-            if out is not None:          # None: nothing to launch (every sequence empty)
-                self.launches += 1
-            return out
-
-        def plan_call(*args, **kwargs):
-            verdict = self._plan(*args, **kwargs)
-            self.verdicts.append(verdict)
-            return verdict
-
-        self._ours = (run_kernel, plan_call)
-        d._run_kernel, d.plan_call = run_kernel, plan_call
-        return self
-
-    def __exit__(self, *exc):
-        d = self.dispatch
-        if d._run_kernel is self._ours[0]:
-            d._run_kernel = self._run
-        if d.plan_call is self._ours[1]:
-            d.plan_call = self._plan
-        return False
-
 
 class Stage4Spy:
     """Temporarily rebinds STAGE4 in the op's backward module to a wrapper that counts
@@ -585,7 +526,7 @@ def main(argv=None) -> int:
     import fla
     import kda_dhu
     from kda_dhu import fla_backend
-    from kda_dhu.bench import git_commit
+    from kda_dhu.bench import git_commit, write_record
 
     usable, why = kda_dhu.cuda_status()
     if not usable:
@@ -622,7 +563,7 @@ def main(argv=None) -> int:
 
     t_start = time.time()
     rows, skipped, failures = [], [], []
-    with restored_env(), KernelProbe() as probe:
+    with restored_backend(), KernelProbe() as probe:
         if any(CASES[n]["op"] == "gdn" for n in names):
             reason = "--no-gdn" if args.no_gdn else gdn_backward_refusal()
             if reason:
@@ -695,13 +636,7 @@ def main(argv=None) -> int:
     for line in capture.lines:
         print(f"fla log: {line}")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        tag = gpu.replace(" ", "_")
-        for fname in (f"e2e-{record['date']}-{tag}.json", "e2e-latest.json"):
-            with open(os.path.join(args.out, fname), "w") as f:
-                json.dump(record, f, indent=1)
-        with open(os.path.join(args.out, "e2e-latest.md"), "w") as f:
-            f.write(markdown_table(record))
+        write_record(record, args.out, markdown_table(record), prefix="e2e-")
         print(f"wrote {args.out}/e2e-latest.json")
     print(f"total {record['total_s']:.0f} s")
     if failures:

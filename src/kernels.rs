@@ -23,7 +23,6 @@ pub fn find(stem: &str, arch: &str) -> Option<&'static EmbeddedCubin> {
 mod tests {
     use super::*;
     use crate::plan::{Arch, KernelConfig};
-    use crate::tensor::DType;
 
     /// The few ELF64 facts the image tests read (little-endian, as every cubin is).
     struct Elf<'a> {
@@ -140,14 +139,7 @@ mod tests {
     }
 
     fn entry_points(arch: Arch) -> Vec<&'static str> {
-        let nwgs: &[u32] = if arch == Arch::Sm90 { &[1, 2] } else { &[1] };
-        let mut names = Vec::new();
-        for &nwg in nwgs {
-            for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                names.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg }.entry_point(arch));
-            }
-        }
-        names
+        KernelConfig::all(arch).iter().map(|c| c.entry_point(arch)).collect()
     }
 
     /// The image launch.rs loads for `arch` holds SASS for that exact target and a

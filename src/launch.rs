@@ -214,13 +214,7 @@ impl DeviceState {
                     format!("cuModuleLoadData({}.{}) on cuda:{}", arch.stem(), arch.sass(), self.ordinal)
                 })?;
                 let mut funcs = [Handle(std::ptr::null_mut()); 8];
-                let nwgs: &[u32] = if arch == Arch::Sm90 { &[1, 2] } else { &[1] };
-                let configs = nwgs.iter().flat_map(|&nwg| {
-                    [(64, crate::tensor::DType::BF16), (64, crate::tensor::DType::F16), (128, crate::tensor::DType::BF16), (128, crate::tensor::DType::F16)]
-                        .into_iter()
-                        .map(move |(k, dtype)| KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg })
-                });
-                for (slot, cfg) in configs.enumerate() {
+                for (slot, cfg) in KernelConfig::all(arch).into_iter().enumerate() {
                     debug_assert_eq!(cfg.slot(), slot);
                     let k = cfg.k;
                     let name = cfg.entry_point(arch);

@@ -155,27 +155,33 @@ impl KernelConfig {
     /// The kernel's extern "C" name, e.g. `kda_dhu_sm90_k128_bf16`.
     pub fn entry_point(&self, arch: Arch) -> &'static str {
         let bf16 = self.dtype == DType::BF16;
-        match (arch, self.k, bf16, self.nwg) {
-            (Arch::Sm90, 64, true, 2) => "kda_dhu_sm90_k64_bf16_wg2",
-            (Arch::Sm90, 64, false, 2) => "kda_dhu_sm90_k64_fp16_wg2",
-            (Arch::Sm90, _, true, 2) => "kda_dhu_sm90_k128_bf16_wg2",
-            (Arch::Sm90, _, false, 2) => "kda_dhu_sm90_k128_fp16_wg2",
-            _ => self.entry_point_wg1(arch),
+        let wg2 = self.nwg == 2; // sm_90a only: sm_100a has one kernel shape
+        match (arch, self.k, bf16, wg2) {
+            (Arch::Sm90, 64, true, false) => "kda_dhu_sm90_k64_bf16",
+            (Arch::Sm90, 64, false, false) => "kda_dhu_sm90_k64_fp16",
+            (Arch::Sm90, _, true, false) => "kda_dhu_sm90_k128_bf16",
+            (Arch::Sm90, _, false, false) => "kda_dhu_sm90_k128_fp16",
+            (Arch::Sm90, 64, true, true) => "kda_dhu_sm90_k64_bf16_wg2",
+            (Arch::Sm90, 64, false, true) => "kda_dhu_sm90_k64_fp16_wg2",
+            (Arch::Sm90, _, true, true) => "kda_dhu_sm90_k128_bf16_wg2",
+            (Arch::Sm90, _, false, true) => "kda_dhu_sm90_k128_fp16_wg2",
+            (Arch::Sm100, 64, true, _) => "kda_dhu_sm100_k64_bf16",
+            (Arch::Sm100, 64, false, _) => "kda_dhu_sm100_k64_fp16",
+            (Arch::Sm100, _, true, _) => "kda_dhu_sm100_k128_bf16",
+            (Arch::Sm100, _, false, _) => "kda_dhu_sm100_k128_fp16",
         }
     }
 
-    fn entry_point_wg1(&self, arch: Arch) -> &'static str {
-        let bf16 = self.dtype == DType::BF16;
-        match (arch, self.k, bf16) {
-            (Arch::Sm90, 64, true) => "kda_dhu_sm90_k64_bf16",
-            (Arch::Sm90, 64, false) => "kda_dhu_sm90_k64_fp16",
-            (Arch::Sm90, _, true) => "kda_dhu_sm90_k128_bf16",
-            (Arch::Sm90, _, false) => "kda_dhu_sm90_k128_fp16",
-            (Arch::Sm100, 64, true) => "kda_dhu_sm100_k64_bf16",
-            (Arch::Sm100, 64, false) => "kda_dhu_sm100_k64_fp16",
-            (Arch::Sm100, _, true) => "kda_dhu_sm100_k128_bf16",
-            (Arch::Sm100, _, false) => "kda_dhu_sm100_k128_fp16",
+    /// Every kernel `arch`'s image holds, in slot order (the table launch.rs loads).
+    pub fn all(arch: Arch) -> Vec<KernelConfig> {
+        let nwgs: &[u32] = if arch == Arch::Sm90 { &[1, 2] } else { &[1] };
+        let mut configs = Vec::new();
+        for &nwg in nwgs {
+            for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
+                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg });
+            }
         }
+        configs
     }
 
     /// Index into a per-arch table of the entry points (k64/k128 × bf16/fp16, then the

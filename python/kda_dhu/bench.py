@@ -249,6 +249,18 @@ def plot(record: dict, path: str) -> bool:
     return True
 
 
+def write_record(record: dict, out: str, table: str, prefix: str = "") -> None:
+    """Writes a run's record to ``out``: <prefix><date>-<gpu>.json, <prefix>latest.json
+    and the markdown table as <prefix>latest.md (``record`` has "date" and "gpu")."""
+    os.makedirs(out, exist_ok=True)
+    tag = record["gpu"].replace(" ", "_")
+    for fname in (f"{prefix}{record['date']}-{tag}.json", f"{prefix}latest.json"):
+        with open(os.path.join(out, fname), "w") as f:
+            json.dump(record, f, indent=1)
+    with open(os.path.join(out, f"{prefix}latest.md"), "w") as f:
+        f.write(table)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--all", action="store_true", help="every shape of the table (SHAPES)")
@@ -308,13 +320,7 @@ def main(argv=None) -> int:
         "rows": results,
     }
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        tag = gpu.replace(" ", "_")
-        for fname in (f"{record['date']}-{tag}.json", "latest.json"):
-            with open(os.path.join(args.out, fname), "w") as f:
-                json.dump(record, f, indent=1)
-        with open(os.path.join(args.out, "latest.md"), "w") as f:
-            f.write(markdown_table(record))
+        write_record(record, args.out, markdown_table(record))
         plot(record, os.path.join(args.out, "latest.png"))
     bad = [r["shape"] for r in results
            if not all(math.isfinite(v) for v in r["rel_err"].values() if v is not None)]

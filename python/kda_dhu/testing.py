@@ -5,7 +5,10 @@ anyone checking an installation.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -204,3 +207,89 @@ def naive_bwd_dhu(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=Non
         dh = dh.transpose(-1, -2)
         dh0 = dh0.transpose(-1, -2)
     return dh, (dh0 if h0 is not None else None), dv2
+
+
+# ----------------------------------------------------------------------------- routing probes
+# Shared by benches/e2e.py and benches/cp_check.py: switch kda-dhu's fla backend per call
+# and count what the dispatcher did.
+
+from .fla_backend import ENV_VAR as BACKEND_ENV  # noqa: E402  (FLA_KDA_DHU, read by fla at every call)
+
+
+def set_backend(mode: str) -> None:
+    """kda-dhu's fla backend on for mode "kda_dhu" (FLA_KDA_DHU unset), off for any other
+    mode name ("fla", "fla_again": FLA_KDA_DHU=0)."""
+    if mode == "kda_dhu":
+        os.environ.pop(BACKEND_ENV, None)
+    else:
+        os.environ[BACKEND_ENV] = "0"
+
+
+@contextlib.contextmanager
+def restored_backend():
+    """Restores FLA_KDA_DHU to its value on entry when the block exits."""
+    before = os.environ.get(BACKEND_ENV)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(BACKEND_ENV, None)
+        else:
+            os.environ[BACKEND_ENV] = before
+
+
+@contextlib.contextmanager
+def backend_mode(mode: str):
+    """``set_backend(mode)`` for the duration of the block."""
+    with restored_backend():
+        set_backend(mode)
+        yield
+
+
+class KernelProbe:
+    """Counts kda-dhu kernel launches (``kda_dhu._dispatch._run_kernel`` returning outputs)
+    and records the fla backend verifier's verdicts (``kda_dhu._dispatch.plan_call``), by
+    rebinding both names for the duration of the block (each is looked up in that module
+    at call time). Subclasses add rebindings through ``_wrappers``."""
+
+    def __init__(self):
+        self.dispatch = importlib.import_module("kda_dhu._dispatch")
+        self.reset()
+
+    def reset(self):
+        self.launches, self.verdicts = 0, []
+
+    def _wrappers(self) -> list:
+        """(module, name, wrapper factory taking the original) triples to rebind."""
+        def run_kernel(run):
+            def wrapper(*args, **kwargs):
+                out = run(*args, **kwargs)
+                if out is not None:          # None: nothing launched, fla ran instead
+                    self.launches += 1
+                return out
+            return wrapper
+
+        def plan_call(plan):
+            def wrapper(*args, **kwargs):
+                verdict = plan(*args, **kwargs)
+                self.verdicts.append(verdict)
+                return verdict
+            return wrapper
+
+        return [(self.dispatch, "_run_kernel", run_kernel), (self.dispatch, "plan_call", plan_call)]
+
+    def __enter__(self):
+        self._bound = []
+        for module, name, make in self._wrappers():
+            original = module.__dict__[name]
+            ours = make(original)
+            ours.__wrapped__ = original
+            setattr(module, name, ours)
+            self._bound.append((module, name, original, ours))
+        return self
+
+    def __exit__(self, *exc):
+        for module, name, original, ours in reversed(self._bound):
+            if module.__dict__.get(name) is ours:
+                setattr(module, name, original)
+        return False
