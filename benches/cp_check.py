@@ -120,6 +120,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--require-kernel", choices=("i64", "all", "none"), default="i64",
                    help="settings in which kda-dhu's kernel must run with the backend on: "
                         "i64 = one-GPU and CP[i64] (default); all = also CP[as_built]; none")
+    p.add_argument("--cu-dtype", choices=("int64", "int32"), default="int64",
+                   help="dtype of the one-GPU run's cu_seqlens (int32 = as fla's CP context builds "
+                        "them: with --variants as_built, Triton compiles fla's varlen kernels "
+                        "once, not twice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol-kda", type=float, default=1e-2, help="rel_fro bound, backend on vs off")
     p.add_argument("--tol-kda-max", type=float, default=5e-2, help="max_rel bound, backend on vs off")
@@ -203,11 +207,11 @@ def case_lengths(case: str, T: int, world_size: int, explicit=None) -> list:
     return lens
 
 
-def cu_from_lengths(lengths) -> torch.Tensor:
+def cu_from_lengths(lengths, dtype=torch.int64) -> torch.Tensor:
     offs = [0]
     for n in lengths:
         offs.append(offs[-1] + int(n))
-    return torch.tensor(offs, dtype=torch.int64)
+    return torch.tensor(offs, dtype=dtype)
 
 
 def make_inputs(T, H, HV, K, V, seed=0, gate_normalizer=1.0, device="cpu", dtype=torch.bfloat16):
@@ -511,7 +515,7 @@ def run_case(case: str, normalizer: float, args, rank: int, world_size: int, dev
     t0 = time.time()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     lengths = case_lengths(case, args.T, world_size, args.lengths)
-    cu_cpu = cu_from_lengths(lengths)
+    cu_cpu = cu_from_lengths(lengths, getattr(torch, args.cu_dtype))
     cu = cu_cpu.to(device)
     x, do = make_inputs(args.T, args.H, args.HV, args.K, args.V, seed=args.seed,
                         gate_normalizer=normalizer, device=device, dtype=dtype)
