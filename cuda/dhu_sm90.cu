@@ -110,20 +110,57 @@ struct SmemMap {
   static constexpr int BYTES = BAR_OFF + 4 * 8;
 };
 
-template <class T> struct Mma;
-template <> struct Mma<cutlass::bfloat16_t> {
-  using DV = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>;
+// DV's B operand is sBh: (v, k) mn-major ([k][v], the [K, V] dh checkpoint's layout), or
+// k-major ([v][k]) with state_v_first (SVF), whose dh checkpoints are [V, K].
+template <class T, bool SVF> struct Mma;
+template <bool SVF> struct Mma<cutlass::bfloat16_t, SVF> {
+  using DV = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::K, SVF ? GMMA::Major::K : GMMA::Major::MN>;
   using UPD = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>;
 };
-template <> struct Mma<cutlass::half_t> {
-  using DV = SM90_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::MN>;
+template <bool SVF> struct Mma<cutlass::half_t, SVF> {
+  using DV = SM90_64x64x16_F32F16F16_SS<GMMA::Major::K, SVF ? GMMA::Major::K : GMMA::Major::MN>;
   using UPD = SM90_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
 };
 
-template <int K, class T, int NWG>
+// SVF: where a thread's elements go in the k-major sBh, [K/64 boxes][64 rows v][64 k]
+// 16-bit, 128-byte swizzled (the 16-byte chunk index XORed with v % 8), box mb at
+// mb * 8192: the TMA box of the [V, K] checkpoint. Element i of 64-row block mb (FragGeom:
+// k = row0 + 8h, v = 8 (i / 4) + col0 + c) sits at base[h][c] + mb * 8192 + (i / 4) * 1024,
+// since v % 8 = col0 + c and k / 8 = row0 / 8 + h do not depend on i / 4 or mb.
+struct SvfGeom {
+  uint32_t base[2][2];
+  __device__ __forceinline__ explicit SvfGeom(const FragGeom& fg) {
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      CUTE_UNROLL
+      for (int c = 0; c < 2; ++c) {
+        const int r = fg.row0 + 8 * h, v = fg.col0 + c;
+        base[h][c] = uint32_t(v) * 128u + ((uint32_t(r >> 3) ^ uint32_t(v)) << 4) + uint32_t(r & 7) * 2u;
+      }
+    }
+  }
+};
+
+// bf16(b) of a thread's element pair (i, i + 1) of 64-row block mb -> sBh.
+template <class T, bool SVF>
+__device__ __forceinline__ void store_bh_pair(uint32_t sBh_u32, const FragGeom& fg, const SvfGeom& sg, int i,
+                                              int mb, float x, float y) {
+  const uint32_t packed = pack2<T>(x, y);
+  if constexpr (SVF) {
+    // (k, v) and (k, v + 1): two rows of [v][k]
+    const uint32_t at = sBh_u32 + uint32_t(mb) * 8192u + uint32_t(i >> 2) * 1024u;
+    const int h = (i >> 1) & 1;
+    st_shared_u16(at + sg.base[h][0], uint16_t(packed & 0xffffu));
+    st_shared_u16(at + sg.base[h][1], uint16_t(packed >> 16));
+  } else {
+    st_shared_u32(sBh_u32 + fg.sw(i) + mb * 64 * 128, packed);
+  }
+}
+
+template <int K, class T, int NWG, bool SVF>
 __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   using Map = SmemMap<K, NWG>;
-  using MmaOps = Mma<T>;
+  using MmaOps = Mma<T, SVF>;
   constexpr int KB = K / 64;  // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
 
@@ -241,7 +278,9 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   using LayoutKt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BT>, Int<K>>{}));
   using LayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<K>, Int<BT>>{}, Step<_2, _1>{}));
   using LayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<BT>>{}));
-  using LayoutBh = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<K>>{}));
+  using LayoutBh = std::conditional_t<
+      SVF, decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BV>, Int<K>>{})),
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<K>>{}))>;
 
   auto mma_dv = make_tiled_mma(typename MmaOps::DV{});
   auto mma_upd = make_tiled_mma(typename MmaOps::UPD{});
@@ -256,6 +295,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   constexpr int MB = K / 64;          // 64-row blocks of the [K, BV] state
   static_assert(size(accDV) == NB && size(accC) == NB * MB, "wgmma D fragment layout");
   const FragGeom fg(ctid);
+  const SvfGeom sg(fg);  // used with SVF only
 
   auto s_at = [&](int off) { return make_smem_ptr(reinterpret_cast<T*>(smem + off)); };
   const int BH_OFF = Map::BH_OFF + wg * Map::BH;          // this warpgroup's sBh
@@ -264,6 +304,10 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   const int DV_OFF = Map::DV_OFF + wg * Map::VTILE;
 
   const int64_t nh = int64_t(n) * p.HV + hv;      // (sequence, value head) for dht/dh0
+  // Element (k, v) of this CTA's [K, V] (or [V, K] with SVF) slice of dht / dh0.
+  auto state_at = [&](int row, int col) -> int64_t {
+    return SVF ? (nh * p.V + v0 + col) * K + row : (nh * K + row) * p.V + v0 + col;
+  };
 
   // c = -dht (or 0); bf16(b) -> sBh.
   {
@@ -272,11 +316,15 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       const int e = i % NB, mb = i / NB;
       const int row = fg.row(e) + 64 * mb, col = fg.col(e);
       float2 x = make_float2(0.f, 0.f);
-      if (p.flags & FLAG_DHT)
-        x = *reinterpret_cast<const float2*>(p.dht + (nh * K + row) * p.V + v0 + col);
+      if (p.flags & FLAG_DHT) {
+        if constexpr (SVF)
+          x = make_float2(p.dht[state_at(row, col)], p.dht[state_at(row, col + 1)]);
+        else
+          x = *reinterpret_cast<const float2*>(p.dht + state_at(row, col));
+      }
       accC(i) = -x.x;
       accC(i + 1) = -x.y;
-      st_shared_u32(sBh_u32 + fg.sw(e) + mb * 64 * 128, pack2<T>(x.x, x.y));
+      store_bh_pair<T, SVF>(sBh_u32, fg, sg, e, mb, x.x, x.y);
     }
     fence_proxy_async();
     wg_sync();
@@ -301,7 +349,13 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
 
     // dh[chunk] = bf16(b), written to sBh by the previous chunk (or the prologue).
     if (leader) {
-      SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + BH_OFF, v0, 0, hv, int(chunk));
+      if constexpr (SVF) {
+        CUTE_UNROLL
+        for (int kb = 0; kb < KB; ++kb)  // [64 v][64 k] boxes of the [V, K] checkpoint
+          SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + BH_OFF + kb * 8192, kb * 64, v0, hv, int(chunk));
+      } else {
+        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + BH_OFF, v0, 0, hv, int(chunk));
+      }
       tma_store_arrive();
     }
 
@@ -467,7 +521,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     if (i + 1 < NC) {
       CUTE_UNROLL
       for (int j = 0; j < NB * MB; j += 2) {
-        st_shared_u32(sBh_u32 + fg.sw(j % NB) + (j / NB) * 64 * 128, pack2<T>(-accC(j), -accC(j + 1)));
+        store_bh_pair<T, SVF>(sBh_u32, fg, sg, j % NB, j / NB, -accC(j), -accC(j + 1));
       }
       fence_proxy_async();
       wg_sync();
@@ -479,7 +533,12 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
     CUTE_UNROLL
     for (int j = 0; j < NB * MB; j += 2) {
       const int row = fg.row(j % NB) + 64 * (j / NB), col = fg.col(j % NB);
-      *reinterpret_cast<float2*>(p.dh0 + (nh * K + row) * p.V + v0 + col) = make_float2(-accC(j), -accC(j + 1));
+      if constexpr (SVF) {
+        p.dh0[state_at(row, col)] = -accC(j);
+        p.dh0[state_at(row, col + 1)] = -accC(j + 1);
+      } else {
+        *reinterpret_cast<float2*>(p.dh0 + state_at(row, col)) = make_float2(-accC(j), -accC(j + 1));
+      }
     }
   }
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
@@ -488,20 +547,29 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
 }  // namespace sm90
 }  // namespace kda_dhu
 
-#define KDA_DHU_SM90_ENTRY(NAME, K, T, NWG)                                                \
+#define KDA_DHU_SM90_ENTRY(NAME, K, T, NWG, SVF)                                           \
   extern "C" __global__ void __launch_bounds__(kda_dhu::sm90::num_threads<NWG>(), 1)     \
       NAME(const __grid_constant__ kda_dhu::DhuParams p) {                               \
-    kda_dhu::sm90::dhu_kernel<K, T, NWG>(p);                                              \
+    kda_dhu::sm90::dhu_kernel<K, T, NWG, SVF>(p);                                         \
   }
 
 // One warpgroup per CTA (64 V columns): the most CTAs, for grids below a few waves.
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16, 64, cutlass::bfloat16_t, 1)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16, 64, cutlass::half_t, 1)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16, 128, cutlass::bfloat16_t, 1)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16, 128, cutlass::half_t, 1)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16, 64, cutlass::bfloat16_t, 1, false)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16, 64, cutlass::half_t, 1, false)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16, 128, cutlass::bfloat16_t, 1, false)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16, 128, cutlass::half_t, 1, false)
 // Two warpgroups per CTA (128 V columns of one head): k, q, w read once for both, two
 // independent chains per SM.
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_wg2, 64, cutlass::bfloat16_t, 2)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_wg2, 64, cutlass::half_t, 2)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_wg2, 128, cutlass::bfloat16_t, 2)
-KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_wg2, 128, cutlass::half_t, 2)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_wg2, 64, cutlass::bfloat16_t, 2, false)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_wg2, 64, cutlass::half_t, 2, false)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_wg2, 128, cutlass::bfloat16_t, 2, false)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_wg2, 128, cutlass::half_t, 2, false)
+// The same eight with state_v_first: dh, dht, h0, dh0 are [.., V, K].
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_svf, 64, cutlass::bfloat16_t, 1, true)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_svf, 64, cutlass::half_t, 1, true)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_svf, 128, cutlass::bfloat16_t, 1, true)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_svf, 128, cutlass::half_t, 1, true)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_wg2_svf, 64, cutlass::bfloat16_t, 2, true)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_wg2_svf, 64, cutlass::half_t, 2, true)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_wg2_svf, 128, cutlass::bfloat16_t, 2, true)
+KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_wg2_svf, 128, cutlass::half_t, 2, true)

@@ -50,6 +50,9 @@ CASES = [
     ("wg2_varlen_padded_g", dict(B=1, T=256, H=2, HV=2, K=64, V=128, gate="g",
                                  varlen_lengths=[100, 30, 70], nwg=2)),
     ("wg2_gva_tail_v256", dict(B=1, T=130, H=1, HV=2, K=128, V=256, gate="gk", nwg=2)),
+    ("svf_varlen_k128", dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="gk", state_v_first=True,
+                             varlen_lengths=[1, 63, 65, 7])),
+    ("svf_wg2_tail_g", dict(B=2, T=100, H=2, HV=2, K=64, V=128, gate="g", state_v_first=True, nwg=2)),
 ]
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -71,12 +74,12 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     a = make_inputs(dtype=dtype, device="cuda", generator=gen, **spec)
     ok, reason = _dispatch._decide(
         "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],
-        a["scale"], False, a["cu_seqlens"], 64, None)
+        a["scale"], a["state_v_first"], a["cu_seqlens"], 64, None)
     if not ok:
         raise AssertionError(f"{name}: the kernel cannot run this case: {reason}")
     poisoned = _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"],
                                      a["h0"], a["dht"], a["scale"], a["cu_seqlens"], None, None,
-                                     False, poison=True)
+                                     False, poison=True, state_v_first=a["state_v_first"])
     torch.cuda.synchronize()
     public = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
     torch.cuda.synchronize()

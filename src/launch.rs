@@ -13,7 +13,7 @@ use crate::abi::DhuParams;
 use crate::driver::{check, require_driver};
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule};
+use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, MAX_SLOTS};
 use crate::tensor::TensorMeta;
 use crate::tma::{tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
@@ -86,7 +86,7 @@ unsafe impl<T> Sync for Handle<T> {}
 struct Kernels {
     _module: Handle<CUmodule>,
     /// Indexed by KernelConfig::slot(): k64 bf16, k64 fp16, k128 bf16, k128 fp16.
-    funcs: [Handle<CUfunction>; 8],
+    funcs: [Handle<CUfunction>; MAX_SLOTS],
 }
 
 struct DeviceState {
@@ -213,7 +213,7 @@ impl DeviceState {
                 check(unsafe { sys::cuModuleLoadData(&mut module, image.image.0.as_ptr() as *const c_void) }, || {
                     format!("cuModuleLoadData({}.{}) on cuda:{}", arch.stem(), arch.sass(), self.ordinal)
                 })?;
-                let mut funcs = [Handle(std::ptr::null_mut()); 8];
+                let mut funcs = [Handle(std::ptr::null_mut()); MAX_SLOTS];
                 for (slot, cfg) in KernelConfig::all(arch).into_iter().enumerate() {
                     debug_assert_eq!(cfg.slot(), slot);
                     let k = cfg.k;
@@ -401,6 +401,7 @@ pub fn launch_params(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: 
         v: d.v as u64,
         nt: nt as u64,
         dtype: config.dtype,
+        svf: config.svf,
     };
     let ptrs = TmaPointers {
         q: args.q.ptr,
@@ -489,7 +490,7 @@ mod tests {
         let o = outs(&a, 16);
         let nt = validate_outputs(&desc, &o).unwrap();
         assert_eq!(nt, 16);
-        let config = KernelConfig { k: 64, dtype: DType::BF16, flags: FLAG_GK | FLAG_DHT | FLAG_DH0, grid: [2, 8, 2], nwg: 1 };
+        let config = KernelConfig { k: 64, dtype: DType::BF16, flags: FLAG_GK | FLAG_DHT | FLAG_DH0, grid: [2, 8, 2], nwg: 1, svf: false };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
         assert_eq!(p.scale, 0.5);
@@ -511,7 +512,7 @@ mod tests {
         a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I64, Device::cpu()));
         let desc = validate(&a, false).unwrap();
         let o = outs(&a, 17);
-        let config = KernelConfig { k: 128, dtype: DType::BF16, flags: FLAG_GK | FLAG_VARLEN, grid: [1, 4, 3], nwg: 1 };
+        let config = KernelConfig { k: 128, dtype: DType::BF16, flags: FLAG_GK | FLAG_VARLEN, grid: [1, 4, 3], nwg: 1, svf: false };
         let e = fill_scalars(&a, &o, &desc, &config, 17).unwrap_err();
         assert!(e.to_string().starts_with("chunk_offsets: expected a tensor with cu_seqlens"), "{e}");
         a.chunk_offsets = Some(TensorMeta::contiguous(0x80, &[4], DType::I64, Device::cpu()));
@@ -577,11 +578,9 @@ mod tests {
         let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
         assert_eq!(e.to_string(), "dh: expected a tensor on cuda:0 like q, got a tensor on cuda:1");
         // A call the kernel cannot compute is refused whatever rule prepared it.
-        let mut svf = on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16));
-        svf.dht = None;
-        svf.h0 = None;
-        svf.state_v_first = true;
-        let (pc, p) = prepared(svf, Rule::Capable);
+        let mut chunk32 = on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16));
+        chunk32.chunk_size = 32;
+        let (pc, p) = prepared(chunk32, Rule::Capable);
         assert!(!p.is_kernel());
         let e = launch_params(&pc.args, &pc.desc, &pc.info, &o).unwrap_err();
         assert!(matches!(e, Error::NotPlanned(_)), "{e}");
@@ -653,7 +652,7 @@ mod tests {
             std::hint::black_box(fill_scalars(&pc.args, &o, &pc.desc, &config, nt).unwrap());
         });
         let cache: TmaCache = std::sync::Mutex::new(Lru::new(64));
-        let shape = TmaShape { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, nt: 1, dtype: DType::BF16 };
+        let shape = TmaShape { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, nt: 1, dtype: DType::BF16, svf: false };
         let mut ptrs = TmaPointers { q: 0x1000, k: 0x2000, w: 0x3000, do_: 0x4000, dv: 0x5000, dv2: 0x6000, dh: 0x7000 };
         for t in 1..64 {
             let mut s = shape;

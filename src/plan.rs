@@ -149,45 +149,66 @@ pub struct KernelConfig {
     /// Consumer warpgroups per CTA, each owning 64 V columns: 1, or 2 (sm_90a, V % 128
     /// == 0: the two V tiles of a head share one CTA's k, q, w loads).
     pub nwg: u32,
+    /// state_v_first (sm_90a): dh, dht, h0, dh0 are [.., V, K].
+    pub svf: bool,
 }
+
+/// The sm_90a image's entry points in slot order: k64/k128 x bf16/fp16, then the same
+/// with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`).
+const SM90_ENTRIES: [&str; 16] = [
+    "kda_dhu_sm90_k64_bf16",
+    "kda_dhu_sm90_k64_fp16",
+    "kda_dhu_sm90_k128_bf16",
+    "kda_dhu_sm90_k128_fp16",
+    "kda_dhu_sm90_k64_bf16_wg2",
+    "kda_dhu_sm90_k64_fp16_wg2",
+    "kda_dhu_sm90_k128_bf16_wg2",
+    "kda_dhu_sm90_k128_fp16_wg2",
+    "kda_dhu_sm90_k64_bf16_svf",
+    "kda_dhu_sm90_k64_fp16_svf",
+    "kda_dhu_sm90_k128_bf16_svf",
+    "kda_dhu_sm90_k128_fp16_svf",
+    "kda_dhu_sm90_k64_bf16_wg2_svf",
+    "kda_dhu_sm90_k64_fp16_wg2_svf",
+    "kda_dhu_sm90_k128_bf16_wg2_svf",
+    "kda_dhu_sm90_k128_fp16_wg2_svf",
+];
+/// The sm_100a image's (one kernel shape, [K, V] states).
+const SM100_ENTRIES: [&str; 4] =
+    ["kda_dhu_sm100_k64_bf16", "kda_dhu_sm100_k64_fp16", "kda_dhu_sm100_k128_bf16", "kda_dhu_sm100_k128_fp16"];
+/// Slots of the largest image (the launch table's size).
+pub const MAX_SLOTS: usize = SM90_ENTRIES.len();
 
 impl KernelConfig {
     /// The kernel's extern "C" name, e.g. `kda_dhu_sm90_k128_bf16`.
     pub fn entry_point(&self, arch: Arch) -> &'static str {
-        let bf16 = self.dtype == DType::BF16;
-        let wg2 = self.nwg == 2; // sm_90a only: sm_100a has one kernel shape
-        match (arch, self.k, bf16, wg2) {
-            (Arch::Sm90, 64, true, false) => "kda_dhu_sm90_k64_bf16",
-            (Arch::Sm90, 64, false, false) => "kda_dhu_sm90_k64_fp16",
-            (Arch::Sm90, _, true, false) => "kda_dhu_sm90_k128_bf16",
-            (Arch::Sm90, _, false, false) => "kda_dhu_sm90_k128_fp16",
-            (Arch::Sm90, 64, true, true) => "kda_dhu_sm90_k64_bf16_wg2",
-            (Arch::Sm90, 64, false, true) => "kda_dhu_sm90_k64_fp16_wg2",
-            (Arch::Sm90, _, true, true) => "kda_dhu_sm90_k128_bf16_wg2",
-            (Arch::Sm90, _, false, true) => "kda_dhu_sm90_k128_fp16_wg2",
-            (Arch::Sm100, 64, true, _) => "kda_dhu_sm100_k64_bf16",
-            (Arch::Sm100, 64, false, _) => "kda_dhu_sm100_k64_fp16",
-            (Arch::Sm100, _, true, _) => "kda_dhu_sm100_k128_bf16",
-            (Arch::Sm100, _, false, _) => "kda_dhu_sm100_k128_fp16",
+        match arch {
+            Arch::Sm90 => SM90_ENTRIES[self.slot()],
+            // one kernel shape: the planner never sends nwg 2 or state_v_first there
+            Arch::Sm100 => SM100_ENTRIES[self.slot() % SM100_ENTRIES.len()],
         }
     }
 
     /// Every kernel `arch`'s image holds, in slot order (the table launch.rs loads).
     pub fn all(arch: Arch) -> Vec<KernelConfig> {
-        let nwgs: &[u32] = if arch == Arch::Sm90 { &[1, 2] } else { &[1] };
+        let variants: &[(bool, u32)] =
+            if arch == Arch::Sm90 { &[(false, 1), (false, 2), (true, 1), (true, 2)] } else { &[(false, 1)] };
         let mut configs = Vec::new();
-        for &nwg in nwgs {
+        for &(svf, nwg) in variants {
             for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg });
+                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf });
             }
         }
         configs
     }
 
     /// Index into a per-arch table of the entry points (k64/k128 × bf16/fp16, then the
-    /// same four with two warpgroups).
+    /// same four with two warpgroups, then those eight with state_v_first).
     pub fn slot(&self) -> usize {
-        (if self.k == 64 { 0 } else { 2 }) + usize::from(self.dtype != DType::BF16) + if self.nwg == 2 { 4 } else { 0 }
+        (if self.k == 64 { 0 } else { 2 })
+            + usize::from(self.dtype != DType::BF16)
+            + if self.nwg == 2 { 4 } else { 0 }
+            + if self.svf { 8 } else { 0 }
     }
 
     /// Threads per CTA.
@@ -234,7 +255,7 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
     let same_dtype_clause = || {
         (desc.dv_dtype != dtype).then(|| format!("dtypes differ (q, k, w are {dtype}; do, dv are {})", desc.dv_dtype))
     };
-    let svf_clause = || desc.state_v_first.then(|| "state_v_first=True (the kernels store [K, V] states)".to_string());
+    let svf_clause = || desc.state_v_first.then(|| "state_v_first=True (the seed's kernel stores [K, V] states)".to_string());
     let grid_clause = || {
         if d.hv > MAX_GRID_YZ {
             Some(format!("HV = {} > {MAX_GRID_YZ} (grid y limit)", d.hv))
@@ -288,7 +309,6 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 dtype_clause(),
                 same_dtype_clause(),
                 (desc.has_g && desc.has_gk).then(|| "both g and gk are given".to_string()),
-                svf_clause(),
                 index_clause(),
                 grid_clause(),
             ];
@@ -350,6 +370,7 @@ fn sm100_envelope(desc: &CallDesc) -> Option<String> {
         desc.varlen().then(|| "sm_100 kernel: cu_seqlens not supported".to_string()),
         (!desc.has_dht).then(|| "sm_100 kernel: dht is None (not supported)".to_string()),
         (d.t % BT != 0).then(|| format!("sm_100 kernel: T % 64 != 0 not supported (T={})", d.t)),
+        desc.state_v_first.then(|| "sm_100 kernel: state_v_first not supported".to_string()),
     ];
     clauses.into_iter().flatten().next()
 }
@@ -386,6 +407,7 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
             flags,
             grid: [(d.v / (BV * i64::from(nwg))) as u32, d.hv as u32, d.n as u32],
             nwg,
+            svf: desc.state_v_first,
         },
     }
 }
@@ -553,8 +575,8 @@ mod tests {
             (
                 "state_v_first",
                 |d| d.state_v_first = true,
-                "state_v_first=True (the kernels store [K, V] states)",
-                Some("state_v_first=True (the kernels store [K, V] states)"),
+                "state_v_first=True (the seed's kernel stores [K, V] states)",
+                None,
             ),
             (
                 "do fp16",
@@ -806,6 +828,7 @@ mod tests {
             ("g instead of gk", "sm_100 kernel: g gate not supported"),
             ("GVA", "sm_100 kernel: GVA not supported (H=16, HV=32)"),
             ("varlen", "sm_100 kernel: cu_seqlens not supported"),
+            ("state_v_first", "sm_100 kernel: state_v_first not supported"),
         ]
     }
 
@@ -892,7 +915,7 @@ mod tests {
 
     #[test]
     fn entry_points_and_slots() {
-        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1 };
+        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false };
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {
@@ -928,6 +951,20 @@ mod tests {
                 (7, "kda_dhu_sm90_k128_fp16_wg2")
             ]
         );
+        c.svf = true;
+        for (nwg, first, suffix) in [(1u32, 8usize, "_svf"), (2, 12, "_wg2_svf")] {
+            c.nwg = nwg;
+            for (i, (k, dt)) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)].into_iter().enumerate() {
+                c.k = k;
+                c.dtype = dt;
+                let name = format!("kda_dhu_sm90_k{k}_{}{suffix}", if dt == DType::BF16 { "bf16" } else { "fp16" });
+                assert_eq!((c.slot(), c.entry_point(Arch::Sm90)), (first + i, name.as_str()));
+            }
+        }
+        let all = KernelConfig::all(Arch::Sm90);
+        assert_eq!(all.len(), MAX_SLOTS);
+        assert!(all.iter().enumerate().all(|(i, c)| c.slot() == i));
+        c.svf = false;
         c.nwg = 1;
         let mut seen = Vec::new();
         for k in [64, 128] {

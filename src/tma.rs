@@ -59,6 +59,8 @@ pub struct TmaShape {
     pub nt: u64,
     /// BF16 or F16 (q, k, w, do, dv, dv2, dh share it).
     pub dtype: DType,
+    /// state_v_first: dh is [B, NT, HV, V, K].
+    pub svf: bool,
 }
 
 /// Device addresses of the tensors behind the maps.
@@ -101,15 +103,30 @@ fn token_major(tensor: &'static str, s: &TmaShape, dt: CUtensorMapDataType, addr
 pub fn dhu_specs(s: &TmaShape, p: &TmaPointers) -> Result<[TmaSpec; 7]> {
     let dt = tma_dtype(s.dtype)?;
     let e = s.dtype.size_bytes();
-    let dh = TmaSpec {
-        tensor: "dh",
-        dtype: dt,
-        elem_bytes: e,
-        address: p.dh,
-        dims: [s.v, s.k, s.hv, s.b * s.nt],
-        strides: [s.v * e, s.k * s.v * e, s.hv * s.k * s.v * e],
-        box_dim: [BOX_COLS, s.k as u32, 1, 1],
-        element_strides: [1; 4],
+    let dh = if s.svf {
+        // [B*NT, HV, V, K]: boxes of 64 k x 64 v (the kernel stores K / 64 of them)
+        TmaSpec {
+            tensor: "dh",
+            dtype: dt,
+            elem_bytes: e,
+            address: p.dh,
+            dims: [s.k, s.v, s.hv, s.b * s.nt],
+            strides: [s.k * e, s.v * s.k * e, s.hv * s.v * s.k * e],
+            box_dim: [BOX_COLS, BOX_ROWS, 1, 1],
+            element_strides: [1; 4],
+        }
+    } else {
+        // [B*NT, HV, K, V]: one box of 64 v x K k
+        TmaSpec {
+            tensor: "dh",
+            dtype: dt,
+            elem_bytes: e,
+            address: p.dh,
+            dims: [s.v, s.k, s.hv, s.b * s.nt],
+            strides: [s.v * e, s.k * s.v * e, s.hv * s.k * s.v * e],
+            box_dim: [BOX_COLS, s.k as u32, 1, 1],
+            element_strides: [1; 4],
+        }
     };
     let specs = [
         token_major("q", s, dt, p.q, s.h, s.k),
@@ -411,7 +428,7 @@ mod tests {
     use super::*;
 
     fn shape(k: u64, v: u64) -> TmaShape {
-        TmaShape { b: 2, t: 1000, h: 4, hv: 8, k, v, nt: 16, dtype: DType::BF16 }
+        TmaShape { b: 2, t: 1000, h: 4, hv: 8, k, v, nt: 16, dtype: DType::BF16, svf: false }
     }
 
     fn ptrs() -> TmaPointers {

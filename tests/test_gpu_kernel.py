@@ -36,7 +36,7 @@ def _run_poisoned(args):
     return _dispatch._run_kernel(
         args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"), args.get("gk"),
         args.get("h0"), args.get("dht"), args["scale"], args.get("cu_seqlens"), None, None, False,
-        poison=True, call=call)
+        poison=True, call=call, state_v_first=args.get("state_v_first", False))
 
 
 def _check(args, tol_factor=1.25):
@@ -191,6 +191,55 @@ def test_two_warpgroups_equal_one_warpgroup_bitwise(rng, monkeypatch):
         outs[nwg] = _run_poisoned(args)
     for name, a, b in zip(("dh", "dh0", "dv2"), outs["1"], outs["2"]):
         assert torch.equal(a, b), name
+
+
+# state_v_first: dh, dht, h0, dh0 are [.., V, K]; the kernels keep their arithmetic and
+# store the bf16 state k-major (the _svf entry points).
+SVF_CASES = {
+    "k128_bf16_v128": dict(B=2, T=320, H=4, HV=4, K=128, V=128, dtype=torch.bfloat16, gate="gk"),
+    "k64_fp16_v64": dict(B=2, T=256, H=2, HV=2, K=64, V=64, dtype=torch.float16, gate="gk"),
+    "k64_bf16_v256": dict(B=1, T=192, H=2, HV=2, K=64, V=256, dtype=torch.bfloat16, gate="g"),
+    "tail_none": dict(B=2, T=200, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate=None),
+    "varlen_gk": dict(B=1, T=None, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
+                      varlen_lengths=[1, 63, 65, 128, 200, 64, 7]),
+    "gva_h1_hv4": dict(B=1, T=192, H=1, HV=4, K=128, V=64, dtype=torch.bfloat16, gate="gk"),
+    "no_dht": dict(B=2, T=128, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
+                   dht=False),
+}
+
+
+def _svf_args(rng, case):
+    spec = dict(SVF_CASES[case])
+    return make_inputs(spec.pop("B"), spec.pop("T"), spec.pop("H"), spec.pop("HV"), spec.pop("K"),
+                       spec.pop("V"), spec.pop("dtype"), spec.pop("gate"), state_v_first=True,
+                       device="cuda", generator=rng, **spec)
+
+
+@pytest.mark.parametrize("nwg", ["1", "2"])
+@pytest.mark.parametrize("case", sorted(SVF_CASES))
+def test_state_v_first(rng, monkeypatch, case, nwg):
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)  # 2 applies where V % 128 == 0
+    args = _svf_args(rng, case)
+    import kda_dhu
+
+    assert kda_dhu.plan_call(**args)[0] or args["q"].shape[2] < args["w"].shape[2]
+    _check(args)
+
+
+@pytest.mark.parametrize("nwg", ["1", "2"])
+def test_state_v_first_is_the_transpose_bitwise(rng, monkeypatch, nwg):
+    """Same inputs, states transposed: the [V, K] kernel's outputs are the [K, V] kernel's,
+    transposed, bit for bit (only the layout of the stored state differs)."""
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
+    kv = make_inputs(2, 200, 2, 2, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
+    vk = dict(kv, state_v_first=True, dht=kv["dht"].transpose(-1, -2).contiguous(),
+              h0=kv["h0"].transpose(-1, -2).contiguous())
+    dh, dh0, dv2 = _run_poisoned(kv)
+    dh_t, dh0_t, dv2_t = _run_poisoned(vk)
+    assert dh_t.shape == (2, 4, 2, 128, 128) and dh0_t.shape == (2, 2, 128, 128)
+    assert torch.equal(dh_t, dh.transpose(-1, -2)), "dh"
+    assert torch.equal(dh0_t, dh0.transpose(-1, -2)), "dh0"
+    assert torch.equal(dv2_t, dv2), "dv2"
 
 
 @pytest.mark.parametrize("H,HV", [(1, 4), (2, 4), (16, 32)])

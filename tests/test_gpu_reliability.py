@@ -112,7 +112,8 @@ def _kernel_poisoned(args: dict):
         return _dispatch._run_kernel(
             args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
             args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
-            args.get("cu_seqlens"), None, None, False, poison=True, call=call)
+            args.get("cu_seqlens"), None, None, False, poison=True, call=call,
+            state_v_first=args.get("state_v_first", False))
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -472,8 +473,9 @@ def test_mixed_devices_raise_value_error_naming_the_argument(rng, case, moved, n
 
 @needs_two_gpus
 def test_mixed_devices_through_b2a_op_and_a_fallback_call(rng):
-    """The same ValueError from the seed dispatcher, the custom op, and a call the planner
-    would send to fla (state_v_first): the device check comes before the plan. Instant."""
+    """The same ValueError from the seed dispatcher, the custom op, and a state_v_first call
+    (a layout the seed's dispatcher cannot express): the device check comes before the
+    plan. Instant."""
     a = _case("dense_gk", rng, device="cuda:0")
     a["dht"] = a["dht"].to("cuda:1")
     with pytest.raises(ValueError, match=r"^dht: .*cuda:1"):

@@ -254,12 +254,12 @@ def _current_stream(q) -> int:
 
 
 def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indices,
-                chunk_offsets, use_graph, poison=False, call=None):
+                chunk_offsets, use_graph, poison=False, call=None, state_v_first=False):
     """Allocates the outputs and launches the kernel; None where fla's function must run.
 
     ``call``: the ``_core.PreparedCall`` of these arguments (from ``_prepare``), which
     launches without reading the inputs again; None launches through ``_core.launch``
-    (reads and validates everything).
+    (reads and validates everything). ``state_v_first``: dh is [B, NT, HV, V, K].
     """
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
@@ -273,13 +273,14 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
             return None
     else:
         NT, chunk_offsets = (T + BT - 1) // BT, None
+    dh_shape = (B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V)
     if use_graph:
-        dh = _alloc((B, NT, HV, K, V), q.dtype, q.device, use_graph, "dhu_dh")
+        dh = _alloc(dh_shape, q.dtype, q.device, use_graph, "dhu_dh")
         dh0 = (_alloc(tuple(h0.shape), torch.float32, q.device, use_graph, "dhu_dh0")
                if h0 is not None else None)
         dv2 = _alloc(tuple(dv.shape), dv.dtype, q.device, use_graph, "dhu_dv2")
     else:
-        dh = _empty(q, (B, NT, HV, K, V), q.dtype)
+        dh = _empty(q, dh_shape, q.dtype)
         dh0 = _empty(q, h0.shape, torch.float32) if h0 is not None else None
         dv2 = _empty(q, dv.shape, dv.dtype)
     if poison:  # tests: an element the kernel does not write stays NaN
@@ -290,7 +291,7 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
     if call is not None:
         call.launch(dh, dh0, dv2, chunk_offsets, stream)
     else:
-        _core.launch(q, k, w, do, dv, g, gk, h0, dht, float(scale), False, cu_seqlens, BT,
+        _core.launch(q, k, w, do, dv, g, gk, h0, dht, float(scale), state_v_first, cu_seqlens, BT,
                      chunk_offsets, dh, dh0, dv2, stream)
     return dh, dh0, dv2
 
@@ -407,7 +408,8 @@ def chunk_gated_delta_rule_bwd_dhu(
         if use_kernel and not _graph_clause(cu_seqlens, use_graph):
             def run_kernel():
                 out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu64,
-                                  chunk_indices, offsets64, use_graph, call=call)
+                                  chunk_indices, offsets64, use_graph, call=call,
+                                  state_v_first=state_v_first)
                 return run_fla() if out is None else out
 
             def signature():

@@ -36,7 +36,10 @@ SHAPES = [
     ("b8_t1096_h4_tail", 8, 1096, 4, 4, 128, 128, "gk", None),
     ("k64_b8_t4096_h32", 8, 4096, 32, 32, 64, 128, "gk", None),
     ("varlen_t65536_h32_avg1k", 1, 65536, 32, 32, 128, 128, "gk", "avg1k"),
+    ("svf_b8_t4096_h32", 8, 4096, 32, 32, 128, 128, "gk", None),
 ]
+# Shapes run with state_v_first=True (dh, dht, h0, dh0 as [.., V, K]).
+STATE_V_FIRST = {"svf_b8_t4096_h32"}
 
 
 def varlen_lengths(T: int, n: int, seed: int = 0) -> list:
@@ -48,7 +51,8 @@ def varlen_lengths(T: int, n: int, seed: int = 0) -> list:
     return lens.tolist()
 
 
-def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", seed=0):
+def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", seed=0,
+                state_v_first=False):
     """Random inputs in fla's keyword form for one call (fresh data per seed)."""
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -56,12 +60,15 @@ def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", see
         return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * s).to(dt)
 
     N = B if lengths is None else len(lengths)
+    state = (N, HV, V, K) if state_v_first else (N, HV, K, V)
     args = dict(
         q=randn(B, T, H, K, s=K ** -0.5), k=randn(B, T, H, K, s=K ** -0.5),
         w=randn(B, T, HV, K, s=K ** -0.5), do=randn(B, T, HV, V), dv=randn(B, T, HV, V),
-        h0=torch.zeros(N, HV, K, V, device=device, dtype=torch.float32),
-        dht=randn(N, HV, K, V, dt=torch.float32), scale=K ** -0.5, chunk_size=BT,
+        h0=torch.zeros(*state, device=device, dtype=torch.float32),
+        dht=randn(*state, dt=torch.float32), scale=K ** -0.5, chunk_size=BT,
     )
+    if state_v_first:
+        args["state_v_first"] = True
     # log2-space decays, chunk-local cumulative sums (as fla's recompute produces them)
     if gate in ("gk", "g"):
         shape = (B, T, HV, K) if gate == "gk" else (B, T, HV)
@@ -148,9 +155,12 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
 
     name, B, T, H, HV, K, V, gate, varlen = row
     lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
-    a = make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, seed=seed)
+    svf = name in STATE_V_FIRST
+    a = make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, seed=seed, state_v_first=svf)
     fla_fn = kda_dhu.fla_function()
     if entry == "b2a":
+        if svf:
+            raise ValueError(f"{name}: kda_dhu_b2a cannot express state_v_first")
         b2a_args = (a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"],
                     a["scale"], a["chunk_size"])
         ok, reason = kda_dhu.plan_b2a(*b2a_args)
@@ -189,7 +199,7 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     torch.cuda.empty_cache()
     return {
         "shape": name, "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "dtype": "bf16",
-        "gate": gate, "varlen": lengths is not None,
+        "gate": gate, "varlen": lengths is not None, "state_v_first": svf,
         "path": "kernel-sm90a" if ok else f"fla ({reason})",
         "kda_dhu_ms": ms_ours, "kda_dhu_ms_repeat": ms_ours2, "fla_ms": ms_fla,
         "floor_ms": floor_ms, "min_bytes": nbytes,
