@@ -13,6 +13,8 @@
 //   tma_dv       : dv    [B, T, HV, V]   dims (V, HV, T, B)    box (64, 1, 64, 1)
 //   tma_dv2      : dv2   [B, T, HV, V]   dims (V, HV, T, B)    box (64, 1, 64, 1)  (store)
 //   tma_dh       : dh    [B, NT, HV, K, V] dims (V, K, HV, B*NT) box (64, K, 1, 1) (store)
+//                  state_v_first (the _svf kernels): [B, NT, HV, V, K] dims (K, V, HV, B*NT)
+//                  box (64, 64, 1, 1), K / 64 stores per checkpoint
 // Rows past T read as zeros and are clipped on store (TMA's bounds), so a short
 // last chunk of a dense batch needs no masking. With cu_seqlens (B == 1) the rows
 // past a sequence's end belong to the next sequence: the kernel masks them itself.
@@ -41,12 +43,12 @@ struct alignas(128) DhuParams {
   CUtensorMap tma_dh;
   const float* g;                 // [B, T, HV] contiguous, or null
   const float* gk;                // [B, T, HV, K] contiguous, or null
-  const float* dht;               // [N, HV, K, V] contiguous, or null
-  float* dh0;                     // [N, HV, K, V] contiguous, or null
+  const float* dht;               // [N, HV, K, V] ([N, HV, V, K] with state_v_first), or null
+  float* dh0;                     // shaped like dht, contiguous, or null
   const int64_t* cu_seqlens;      // [N + 1], or null
   const int64_t* chunk_offsets;   // [N]: first chunk of sequence n in dh, or null
   void* dv2;                      // [B, T, HV, V]: plain stores of partial varlen chunks
-  void* dh;                       // [B, NT, HV, K, V]
+  void* dh;                       // [B, NT, HV, K, V] ([.., V, K] with state_v_first)
   int64_t T;                      // tokens per batch row (the packed length with cu_seqlens)
   int32_t NT;                     // chunks per batch row (dense); total chunks (varlen)
   int32_t H;                      // q/k heads

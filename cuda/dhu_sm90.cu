@@ -30,7 +30,7 @@
 // setmaxnreg can hand its registers to the consumers):
 //   warpgroup wg < NWG  consumers of V tile wg: all wgmma, the fp32 recurrence,
 //                       epilogues, TMA stores (issued by the warpgroup's thread 0)
-//   next warp           producer: TMA loads of chunk tiles into a 2-stage mbarrier ring
+//   next warp           producer: TMA loads of chunk tiles into a 2- or 3-stage mbarrier ring
 //                       (k, q, w, NWG do and dv tiles + the gk row e-1 by a bulk copy +
 //                       g by plain loads)
 //
@@ -74,7 +74,13 @@ using namespace cute;
 constexpr int BT = 64;
 constexpr int BV = 64;                 // V columns per consumer warpgroup
 constexpr int WG_THREADS = 128;
-constexpr int STAGES = 2;
+// Depth of the TMA ring: 3 stages (two chunks of loads in flight while one is consumed)
+// where shared memory allows, else 2. K = 128 with one warpgroup fills the 227 KB opt-in
+// maximum exactly (no alignment slack: see SmemMap::SLACK); K = 64 with one warpgroup
+// keeps 2 stages so that two CTAs share an SM; K = 128 with two warpgroups has no room.
+template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG == 1) ? 3 : 2; }
+// The opt-in maximum of dynamic shared memory per block on sm_90.
+constexpr int SMEM_OPTIN_MAX = 227 * 1024;
 constexpr int DV2_BUFS = 2;
 // Named barrier ids (0 is __syncthreads): 1 + wg for warpgroup wg's 128 threads, and
 // ALL_CONSUMERS for every consumer thread (NWG = 2: the shared q/w rows of a short chunk).
@@ -92,6 +98,7 @@ constexpr int CONSUMER_REGS_WG2 = 240;  // 2 x 128 x 240 + 128 x 24 = 64512 <= 6
 // src/launch.rs (the host asks for SMEM_BYTES + 1024 of dynamic shared memory).
 template <int K, int NWG>
 struct SmemMap {
+  static constexpr int STAGES = num_stages<K, NWG>();
   static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
   static constexpr int VTILE = BT * BV * 2;        // one warpgroup's tile of do, dv, dv2
   static constexpr int K_OFF = 0;
@@ -107,7 +114,12 @@ struct SmemMap {
   static constexpr int G_OFF = GK_OFF + STAGES * K * 4;
   static constexpr int G_LEN = 80;                 // 64 g values + g[e-1], padded
   static constexpr int BAR_OFF = G_OFF + STAGES * G_LEN * 4;
-  static constexpr int BYTES = BAR_OFF + 4 * 8;
+  static constexpr int BYTES = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
+  // The host asks for BYTES + SLACK: 1024 to align the base up to 1024 where that fits,
+  // else none, and then the kernel requires the base to be 1024-aligned (as CUTLASS's
+  // kernels do; with no static shared memory it is, after the 1 KB the system reserves).
+  static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
+  static_assert(BYTES + SLACK <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
 };
 
 // DV's B operand is sBh: (v, k) mn-major ([k][v], the [K, V] dh checkpoint's layout), or
@@ -164,8 +176,14 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   constexpr int KB = K / 64;  // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
 
+  constexpr int STAGES = Map::STAGES;
+
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if constexpr (Map::SLACK == 0) {
+    // No room to align up: the base itself must be aligned (else the map would overrun).
+    if (smem != smem_raw) __trap();
+  }
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Map::BAR_OFF);
   uint64_t* empty_bar = full_bar + STAGES;

@@ -21,27 +21,46 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUfunct
 use std::ffi::{c_void, CString};
 use std::sync::OnceLock;
 
+/// Stages of the Hopper kernel's TMA ring: mirror of `num_stages<K, NWG>()` in
+/// cuda/dhu_sm90.cu (3 where shared memory allows: K = 128 with one warpgroup, K = 64
+/// with two; 2 for K = 64 with one warpgroup, so that two CTAs share an SM, and for
+/// K = 128 with two, which has no room).
+pub fn stages_sm90(k: u32, nwg: u32) -> u32 {
+    if (k == 128) == (nwg == 1) {
+        3
+    } else {
+        2
+    }
+}
+
+/// The opt-in maximum of dynamic shared memory per block on sm_90 (227 KB).
+pub const SMEM_OPTIN_MAX_SM90: u32 = 227 * 1024;
+
 /// Dynamic shared memory of the Hopper kernel for head dim `k` and `nwg` consumer
-/// warpgroups: mirror of `SmemMap<K, NWG>::BYTES` in cuda/dhu_sm90.cu plus 1024 bytes to
-/// align the base to 1024 (what that file's comment asks the host for). Change both
-/// together.
+/// warpgroups: mirror of `SmemMap<K, NWG>::BYTES + SLACK` in cuda/dhu_sm90.cu, the slack
+/// being 1024 bytes to align the base up to 1024 where that still fits in 227 KB, else
+/// none (the kernel then requires an aligned base). Change both together.
 pub fn smem_bytes_sm90(k: u32, nwg: u32) -> u32 {
     const BT: u32 = 64;
     const BV: u32 = 64;
-    const STAGES: u32 = 2;
     const DV2_BUFS: u32 = 2;
     const G_LEN: u32 = 80;
+    let stages = stages_sm90(k, nwg);
     let ktile = BT * k * 2; // one of k, q, w for one chunk
     let vtile = BT * BV * 2; // one warpgroup's tile of do, dv, dv2
     let stage = 3 * ktile + 2 * nwg * vtile;
     let bh = k * BV * 2;
-    let bytes = STAGES * stage // TMA ring
+    let bytes = stages * stage // TMA ring
         + nwg * bh // bf16 state per warpgroup: DV's B operand and the dh checkpoint
         + nwg * DV2_BUFS * vtile // dv2 staging per warpgroup
-        + STAGES * k * 4 // gk rows
-        + STAGES * G_LEN * 4 // g values
-        + 4 * 8; // mbarriers
-    bytes + 1024
+        + stages * k * 4 // gk rows
+        + stages * G_LEN * 4 // g values
+        + 2 * stages * 8; // mbarriers full[s], empty[s]
+    if bytes + 1024 <= SMEM_OPTIN_MAX_SM90 {
+        bytes + 1024
+    } else {
+        bytes
+    }
 }
 
 /// Dynamic shared memory of the Blackwell kernel for head dim `k`: mirror of
@@ -678,10 +697,13 @@ mod tests {
         // SmemMap<K, NWG>::BYTES by hand from cuda/dhu_sm90.cu (ring 2 x (3 k/q/w tiles +
         // 2 NWG v tiles), NWG sBh, 2 NWG sDv2, 2 gk rows, 2 x 80 g, 4 mbarriers), + 1024
         // for the base alignment.
-        assert_eq!(smem_bytes_sm90(128, 1), 165536 + 1024);
+        // 3 stages: 3 x 65536 + 16384 + 2 x 8192 + 3 x 512 + 3 x 320 + 6 x 8, no slack.
+        assert_eq!(smem_bytes_sm90(128, 1), 231920);
         assert_eq!(smem_bytes_sm90(64, 1), 107680 + 1024);
         assert_eq!(smem_bytes_sm90(128, 2), 231072 + 1024);
-        assert_eq!(smem_bytes_sm90(64, 2), 165024 + 1024);
+        // 3 stages: 3 x 57344 + 2 x 8192 + 4 x 8192 + 3 x 256 + 3 x 320 + 6 x 8, + 1024.
+        assert_eq!(smem_bytes_sm90(64, 2), 222960 + 1024);
+        assert_eq!([stages_sm90(128, 1), stages_sm90(64, 1), stages_sm90(128, 2), stages_sm90(64, 2)], [3, 2, 2, 3]);
         // 227 KB is the opt-in maximum per block on sm_90.
         for k in [64, 128] {
             for nwg in [1, 2] {

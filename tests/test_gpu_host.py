@@ -34,7 +34,11 @@ TENSOR_KEYS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens")
 # (K = 128; gk, H == HV, dht, T % 64 == 0: the
 # sm_100 envelope). One CTA: the kernel is a few microseconds, the call is host time.
 TINY = dict(B=1, T=64, H=1, HV=1, K=128, V=64)
-HOST_US_BOUND = 100.0
+# Bound on the best of 30 batches of 50 calls: the best batch is the code's own cost, the
+# median is the machine's load (under 8 parallel test shards and the sanitizers on 16
+# cores the median reached 191 us while the best batch took 30 us, the quiet machine's
+# 28 us). 60 us still catches a lost descriptor cache or a per-call module lookup.
+HOST_US_BOUND = 60.0
 
 
 def _tiny(rng, **over) -> dict:
@@ -59,8 +63,9 @@ def _kernel_planned(args: dict) -> None:
 
 
 def test_eager_call_host_time_is_small(rng, monkeypatch):
-    """Median host time per eager call at the tiny shape, launches queued (the GPU is
-    synchronized outside the timed loops). Prints the figure. ~1 s."""
+    """Host time per eager call at the tiny shape, launches queued (the GPU is synchronized
+    outside the timed loops): the best batch's mean is held to HOST_US_BOUND, the median
+    is printed. ~1 s."""
     monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
     args = _tiny(rng)
     _kernel_planned(args)
@@ -81,7 +86,8 @@ def test_eager_call_host_time_is_small(rng, monkeypatch):
     print(f"\nhost time per eager call (B1 T64 H1 K128 V64 bf16 gk): median {median:.1f} us, "
           f"best {min(per_call):.1f} us ({torch.cuda.get_device_name()}); "
           f"descriptor cache {_core.tma_cache_info()}")
-    assert median < HOST_US_BOUND, f"{median:.1f} us per eager call (bound {HOST_US_BOUND} us)"
+    best = min(per_call)
+    assert best < HOST_US_BOUND, f"{best:.1f} us per eager call in the best batch (bound {HOST_US_BOUND} us)"
 
 
 def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
