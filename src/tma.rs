@@ -103,30 +103,18 @@ fn token_major(tensor: &'static str, s: &TmaShape, dt: CUtensorMapDataType, addr
 pub fn dhu_specs(s: &TmaShape, p: &TmaPointers) -> Result<[TmaSpec; 7]> {
     let dt = tma_dtype(s.dtype)?;
     let e = s.dtype.size_bytes();
-    let dh = if s.svf {
-        // [B*NT, HV, V, K]: boxes of 64 k x 64 v (the kernel stores K / 64 of them)
-        TmaSpec {
-            tensor: "dh",
-            dtype: dt,
-            elem_bytes: e,
-            address: p.dh,
-            dims: [s.k, s.v, s.hv, s.b * s.nt],
-            strides: [s.k * e, s.v * s.k * e, s.hv * s.v * s.k * e],
-            box_dim: [BOX_COLS, BOX_ROWS, 1, 1],
-            element_strides: [1; 4],
-        }
-    } else {
-        // [B*NT, HV, K, V]: one box of 64 v x K k
-        TmaSpec {
-            tensor: "dh",
-            dtype: dt,
-            elem_bytes: e,
-            address: p.dh,
-            dims: [s.v, s.k, s.hv, s.b * s.nt],
-            strides: [s.v * e, s.k * s.v * e, s.hv * s.k * s.v * e],
-            box_dim: [BOX_COLS, s.k as u32, 1, 1],
-            element_strides: [1; 4],
-        }
+    // dh is [B*NT, HV, K, V] (one box of 64 v x K k per store) or, with state_v_first,
+    // [B*NT, HV, V, K] (boxes of 64 k x 64 v: the kernel stores K / 64 of them).
+    let (inner, outer, box_outer) = if s.svf { (s.k, s.v, BOX_ROWS) } else { (s.v, s.k, s.k as u32) };
+    let dh = TmaSpec {
+        tensor: "dh",
+        dtype: dt,
+        elem_bytes: e,
+        address: p.dh,
+        dims: [inner, outer, s.hv, s.b * s.nt],
+        strides: [inner * e, s.k * s.v * e, s.hv * s.k * s.v * e],
+        box_dim: [BOX_COLS, box_outer, 1, 1],
+        element_strides: [1; 4],
     };
     let specs = [
         token_major("q", s, dt, p.q, s.h, s.k),
@@ -462,6 +450,22 @@ mod tests {
         assert_eq!(s[6].box_dim, [64, 128, 1, 1]);
         assert!(s.iter().all(|x| x.element_strides == [1; 4]));
         assert!(s.iter().all(|x| x.dtype == CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16));
+    }
+
+    #[test]
+    fn state_v_first_dh_is_v_rows_of_k() {
+        // dh [B*NT, HV, V, K]: dims (K, V, HV, B*NT), strides (K*2, V*K*2, HV*V*K*2), box
+        // (64 k, 64 v): the kernel stores K / 64 boxes per checkpoint. The other maps as is.
+        let mut sh = shape(128, 192);
+        let kv = dhu_specs(&sh, &ptrs()).unwrap();
+        sh.svf = true;
+        let s = dhu_specs(&sh, &ptrs()).unwrap();
+        assert_eq!(s[6].dims, [128, 192, 8, 32]);
+        assert_eq!(s[6].strides, [256, 192 * 128 * 2, 8 * 192 * 128 * 2]);
+        assert_eq!(s[6].box_dim, [64, 64, 1, 1]);
+        assert_eq!(kv[6].dims, [192, 128, 8, 32]);
+        assert_eq!(kv[6].strides[1], s[6].strides[1]);
+        assert_eq!(s[..6], kv[..6]);
     }
 
     #[test]
