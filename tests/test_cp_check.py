@@ -39,8 +39,15 @@ def test_args_defaults_and_errors():
                        "--tol-kda", "5e-3", "--out", "/tmp/x"])
     assert (a.T, a.H, a.HV, a.cases, a.variants, a.tol_kda, a.out) == (
         32768, 16, 32, ["cut"], ["i64"], 5e-3, "/tmp/x")
+    # the GPU test's settings: fla's own int32 context, the one-GPU run on int32 too
+    a = cp.parse_args(["--variants", "as_built", "--cu-dtype", "int32", "--require-kernel", "all"])
+    assert (a.variants, a.cu_dtype, a.require_kernel) == (["as_built"], "int32", "all")
+    assert cp.required_settings(a.require_kernel, a.variants) == {"single", "cp[as_built]"}
+    assert cp.parse_args([]).cu_dtype == "int64"
+    assert cp.cu_from_lengths([3, 5], torch.int32).tolist() == [0, 3, 8]
+    assert cp.cu_from_lengths([3, 5], torch.int32).dtype == torch.int32
     for bad in (["--cases", "nope"], ["--variants", "x"], ["--H", "3", "--HV", "4"],
-                ["--T", "100", "--lengths", "10,20"]):
+                ["--T", "100", "--lengths", "10,20"], ["--cu-dtype", "int16"]):
         with pytest.raises(SystemExit):
             cp.parse_args(bad)
 
