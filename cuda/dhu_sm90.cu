@@ -9,7 +9,7 @@
 // product accumulates straight into it (one fp32 accumulator less). Per chunk (SPEC.md):
 //
 //     dh[chunk]  = bf16(b)                                   TMA store of sBh
-//     DV [BT,BV] = k [BT,K] . bf16(b) [K,BV]                  wgmma, A k-major, B mn-major
+//     DV [BT,BV] = k [BT,K] . bf16(b) [K,BV]                  wgmma, A k-major, B mn-major (k-major: SVF)
 //     dv2        = gate(t) * DV + dv  -> q.dtype              registers -> sDv2 -> TMA store
 //     QD [K,BV]  = q^T [K,BT] . do [BT,BV]                    wgmma, A mn-major, B mn-major
 //     c          = decay . c - scale * QD                     fp32 registers (scale after the dot, as fla)
@@ -48,6 +48,7 @@
 //   sQ,sW(k, t)  mn-major : A of QD / WD     same bytes as TMA wrote them
 //   sDo, sDv, sDv2 (v, t) mn-major : B of QD / WD (dv read by threads)   [64 rows t][64 v]
 //   sBh  (v, k)  mn-major : B of DV and the dh checkpoint's TMA source    [K rows k][64 v]
+//                 (SVF, state_v_first: k-major, [K/64 boxes][64 rows v][64 k]: the [V, K] checkpoint)
 // Per warpgroup, one sBh and two sDv2: chunk i's dh store (committed at its start) and
 // chunk i-1's dv2 store are waited for, read side only, before the mid-chunk barrier,
 // so sBh is free again by the chunk's end and sDv2[i % 2] by chunk i + 2.
@@ -75,8 +76,8 @@ constexpr int BT = 64;
 constexpr int BV = 64;                 // V columns per consumer warpgroup
 constexpr int WG_THREADS = 128;
 // Depth of the TMA ring: 3 stages (two chunks of loads in flight while one is consumed)
-// where shared memory allows, else 2. K = 128 with one warpgroup fills the 227 KB opt-in
-// maximum exactly (no alignment slack: see SmemMap::SLACK); K = 64 with one warpgroup
+// where shared memory allows, else 2. K = 128 with one warpgroup fits the 227 KB opt-in
+// maximum only without the alignment slack (528 bytes to spare: see SmemMap::SLACK); K = 64 with one warpgroup
 // keeps 2 stages so that two CTAs share an SM; K = 128 with two warpgroups has no room.
 template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG == 1) ? 3 : 2; }
 // The opt-in maximum of dynamic shared memory per block on sm_90.
@@ -95,7 +96,7 @@ constexpr int CONSUMER_REGS_WG2 = 240;  // 2 x 128 x 240 + 128 x 24 = 64512 <= 6
 
 
 // Shared memory map, in bytes from a 1024-aligned base. Mirrored by smem_bytes_sm90 in
-// src/launch.rs (the host asks for SMEM_BYTES + 1024 of dynamic shared memory).
+// src/launch.rs (the host asks for BYTES + SLACK of dynamic shared memory).
 template <int K, int NWG>
 struct SmemMap {
   static constexpr int STAGES = num_stages<K, NWG>();
@@ -582,7 +583,7 @@ KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_wg2, 64, cutlass::bfloat16_t, 2, false)
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_wg2, 64, cutlass::half_t, 2, false)
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_wg2, 128, cutlass::bfloat16_t, 2, false)
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_wg2, 128, cutlass::half_t, 2, false)
-// The same eight with state_v_first: dh, dht, h0, dh0 are [.., V, K].
+// The same eight with state_v_first: dh, dht, dh0 are [.., V, K] (h0 only decides dh0).
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_svf, 64, cutlass::bfloat16_t, 1, true)
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_svf, 64, cutlass::half_t, 1, true)
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_svf, 128, cutlass::bfloat16_t, 1, true)
