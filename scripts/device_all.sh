@@ -6,7 +6,7 @@
 #   2. then, alone on the GPU, the benchmark (BENCH_ARGS, default --all).
 # Logs come back as $OUT/logs.tgz.
 #   run(command="bash scripts/device_all.sh [pytest -k expr]", carry=[".carry"])
-# Environment: SHARDS (4), PHASE1_TIMEOUT (330 s), BENCH_TIMEOUT (220 s), SKIP_SAN=1,
+# Environment: SHARDS (4), TEST_PATHS (tests: the GPU tests collected), PHASE1_TIMEOUT (330 s), BENCH_TIMEOUT (220 s), SKIP_SAN=1,
 # SKIP_BENCH=1, SKIP_TESTS=1, E2E=1 (+E2E_ARGS, E2E_DEVICE), CP=1 (+CP_ARGS), BENCH_CMD (python3 -m kda_dhu.bench), BENCH_ARGS (--all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,8 @@ python3 -c "import torch, fla, kda_dhu; print('torch', torch.__version__, 'fla',
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
   SHARDS=${SHARDS:-4}
-  python3 -m pytest tests -q -m gpu -p no:cacheprovider --collect-only "$@" 2>/dev/null | grep "::" > "$RES/ids.txt"
+  # shellcheck disable=SC2086
+  python3 -m pytest ${TEST_PATHS:-tests} -q -m gpu -p no:cacheprovider --collect-only "$@" 2>/dev/null | grep "::" > "$RES/ids.txt"
   stamp "collected $(wc -l < "$RES/ids.txt") GPU tests, $SHARDS shards"
   pids=()
   for s in $(seq 0 $((SHARDS - 1))); do
