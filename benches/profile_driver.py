@@ -1,0 +1,77 @@
+"""One kernel launch per shape for Nsight Compute (scripts/profile.sh): the bench table's
+inputs, the kernel path only, warm-up launches first so that the profiled launch
+(ncu --launch-skip) is a steady-state one.
+
+    python3 benches/profile_driver.py --shapes b4_t8192_h16,b8_t4096_h32 [--nwg 1|2] [--warmup 3]
+    python3 benches/profile_driver.py --list      # the shape names (no GPU needed)
+
+Each shape runs ``--warmup`` + 1 launches of kda-dhu's kernel (fla is not imported, so
+no Triton kernel appears in the profile); with --nwg the warpgroup variant is forced
+(KDA_DHU_SM90_NWG). Prints one line per shape: the plan and the prepared call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("KDA_DHU_NO_AUTOREGISTER", "1")
+    from kda_dhu import bench
+
+    names = [r[0] for r in bench.SHAPES]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="b4_t8192_h16,b8_t4096_h32,prod8192",
+                    help="comma-separated names of the bench table (kda_dhu.bench.SHAPES)")
+    ap.add_argument("--nwg", choices=("1", "2"), default=None, help="force the warpgroups per CTA")
+    ap.add_argument("--warmup", type=int, default=3, help="launches before the profiled one")
+    ap.add_argument("--list", action="store_true", help="print the shape names and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(names))
+        return 0
+    want = args.shapes.split(",")
+    unknown = [w for w in want if w not in names]
+    if unknown:
+        ap.error(f"unknown shape(s) {unknown}; one of: {', '.join(names)}")
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("profile_driver: no CUDA device", file=sys.stderr)
+        return 2
+    if args.nwg:
+        os.environ["KDA_DHU_SM90_NWG"] = args.nwg
+    from kda_dhu import _dispatch
+
+    for row in (r for r in bench.SHAPES if r[0] in want):
+        name, B, T, H, HV, K, V, gate, varlen = row
+        lengths = bench.varlen_lengths(T, 64) if varlen == "avg1k" else None
+        svf = name in bench.STATE_V_FIRST
+        a = bench.make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, state_v_first=svf)
+        with _dispatch._device_ctx(a["q"]):
+            ok, reason, call = _dispatch._prepare(
+                "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"),
+                a.get("h0"), a.get("dht"), a["scale"], svf, a.get("cu_seqlens"), 64, None)
+            if not ok:
+                print(f"{name}: the kernel cannot run it: {reason}", file=sys.stderr)
+                return 1
+            for _ in range(args.warmup + 1):
+                _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"),
+                                      a.get("gk"), a.get("h0"), a.get("dht"), a["scale"],
+                                      a.get("cu_seqlens"), None, None, False, call=call,
+                                      state_v_first=svf)
+            torch.cuda.synchronize()
+        print(f"{name}: {args.warmup} + 1 launches of {reason}, warpgroups "
+              f"{os.environ.get('KDA_DHU_SM90_NWG', 'by the planner')}; {call!r}", flush=True)
+        del a
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
