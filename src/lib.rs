@@ -76,13 +76,17 @@ fn py_type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into())
 }
 
-/// `scale`: None, or anything Python's float() takes except str/bytes (int, float,
-/// numpy scalars, a one-element tensor). Finiteness is checked by `validate`.
+/// `scale`: None, or anything Python's float() takes except str/bytes, bools and complex
+/// numbers (int, float, numpy real scalars, a one-element real tensor). Finiteness is
+/// checked by `validate`.
 fn scale_arg(obj: Option<&Bound<'_, PyAny>>) -> error::Result<Option<f64>> {
     let Some(o) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    if o.is_exact_instance_of::<pyo3::types::PyFloat>() {
+        return o.extract::<f64>().map(Some).map_err(|_| Error::type_("scale", "expected a float or None"));
+    }
     let py = o.py();
     let is_text = o.is_instance_of::<pyo3::types::PyString>() || o.is_instance_of::<pyo3::types::PyBytes>();
-    if !is_text {
+    if !is_text && !o.is_instance_of::<pyo3::types::PyBool>() && !is_complex_or_bool(o) {
         match o.extract::<f64>() {
             Ok(x) => return Ok(Some(x)),
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) => {
@@ -92,6 +96,22 @@ fn scale_arg(obj: Option<&Bound<'_, PyAny>>) -> error::Result<Option<f64>> {
         }
     }
     Err(Error::type_("scale", format!("expected a float or None, got {}", py_type_name(o))))
+}
+
+/// Not a real number although float() takes it: a complex number (Python's; numpy's
+/// complex128 derives from it), or a numpy scalar / torch tensor of a complex or bool
+/// dtype (float() would drop an imaginary part with a warning, or take True as 1.0).
+fn is_complex_or_bool(o: &Bound<'_, PyAny>) -> bool {
+    if o.is_instance_of::<pyo3::types::PyComplex>() {
+        return true;
+    }
+    let Ok(dt) = o.getattr("dtype") else { return false };
+    if let Ok(c) = dt.getattr("is_complex") {
+        // a torch.dtype: is_complex is a bool attribute; torch.bool is its own dtype
+        let bool_dtype = dt.repr().map(|r| r.to_string() == "torch.bool").unwrap_or(false);
+        return c.extract::<bool>().unwrap_or(false) || bool_dtype;
+    }
+    dt.getattr("kind").and_then(|k| k.extract::<String>()).map(|k| k == "c" || k == "b").unwrap_or(false)
 }
 
 /// `chunk_size`: a Python int (anything with __index__: int, numpy ints; not float or str).

@@ -315,6 +315,14 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
             let s = t.strides.as_deref().unwrap_or(&[]);
             return Err(Error::layout(name, format!("expected non-negative strides, got strides {}", fmt_shape(s))));
         }
+        // torch's ZeroTensor (torch._efficientzerotensor) exports a null data pointer: no
+        // memory for a kernel (or fla's) to read.
+        if t.ptr == 0 && t.numel() > 0 {
+            return Err(Error::layout(
+                name,
+                "expected a tensor backed by memory, got a null data pointer (a ZeroTensor? pass torch.zeros)".to_string(),
+            ));
+        }
     }
 
     // ---- scalars ----

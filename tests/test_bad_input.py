@@ -756,3 +756,48 @@ def test_use_graph_with_cu_seqlens_is_planned_to_fla(monkeypatch):
     assert kda_dhu.plan_call(q, q, q, q, q, use_graph=True) == (True, "kernel-sm90a")
 
 
+
+
+# ---------------------------------------------------- found by breaking the checks (session 3)
+
+def test_zero_tensor_without_memory_is_refused_by_name():
+    """torch's ZeroTensor exports a null data pointer: a kernel would read address 0."""
+    make = getattr(torch, "_efficientzerotensor", None)
+    if make is None:
+        pytest.skip("this torch has no _efficientzerotensor")
+    kw = call()
+    kw["gk"] = make(kw["gk"].shape, dtype=F32)
+    with pytest.raises(ValueError, match=r"^gk: expected a tensor backed by memory, got a null data pointer"):
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)
+    ok, reason = kda_dhu.plan_call(**kw)
+    assert not ok and reason.startswith("ValueError: gk: expected a tensor backed by memory")
+
+
+@pytest.mark.parametrize("scale, kind", [(np.complex128(1 + 1j), "complex128"), (np.complex64(1), "complex64"),
+                                         (torch.tensor([0.5 + 0j]), "Tensor"), (True, "bool"),
+                                         (np.bool_(True), "bool")])
+def test_complex_and_bool_scales_are_refused(scale, kind):
+    with pytest.raises(TypeError, match=r"^scale: expected a float or None, got "):
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "scale": scale})
+
+
+@pytest.mark.parametrize("scale", [0.125, 1, np.float32(0.125), np.float64(0.125), np.int64(1),
+                                   torch.tensor(0.125), torch.tensor([0.125])])
+def test_real_scales_pass_validation(scale):
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "scale": scale})
+
+
+def test_int32_cu_seqlens_views_are_judged_before_any_widening():
+    """Only a plain 1-D contiguous int32 cu_seqlens is widened to int64 for the kernel; a
+    view is passed as it is and the validator names it (no 64 GB copy of an expanded
+    tensor, no silent acceptance of a negated view)."""
+    kw = varlen_call()
+    huge = torch.zeros(1, dtype=torch.int32).expand(2 ** 33)
+    assert _dispatch._index64(huge) is huge
+    neg = torch.tensor([0, 30, 70, 100], dtype=torch.int32)._neg_view()
+    assert _dispatch._index64(neg) is neg
+    with pytest.raises((TypeError, ValueError), match=r"^cu_seqlens: "):
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**kw, "cu_seqlens": neg})
+    plain = torch.tensor([0, 30, 70, 100], dtype=torch.int32)
+    assert _dispatch._index64(plain).dtype == torch.int64

@@ -71,3 +71,50 @@ def test_op_cuda_matches_eager_dispatcher(rng):
     compiled = torch.compile(lambda: ops.chunk_gated_delta_rule_bwd_dhu_op(**a), fullgraph=True)()
     for x, y in zip(eager, compiled):
         assert torch.equal(x, y)
+
+
+# Bad scalars reach the op's wrapper before any conversion: the same TypeError / ValueError,
+# naming the argument, as the eager function (found by a review that broke the op's CPU path).
+@pytest.mark.parametrize("over, exc, match", [
+    ({"scale": "0.125"}, TypeError, r"^scale: expected a float or None, got str$"),
+    ({"scale": b"0.125"}, TypeError, r"^scale: expected a float or None, got bytes$"),
+    ({"scale": [0.125]}, TypeError, r"^scale: expected a float or None, got list$"),
+    ({"scale": True}, TypeError, r"^scale: expected a float or None, got bool$"),
+    ({"scale": 1 + 1j}, TypeError, r"^scale: expected a float or None, got complex$"),
+    ({"scale": 10 ** 400}, ValueError, r"^scale: expected a finite float, got int \(too large"),
+    ({"scale": float("nan")}, ValueError, r"^scale: expected a finite float, got nan$"),
+    ({"scale": torch.tensor(0.1)}, TypeError, r"^scale: .*the custom op takes a Python or numpy float"),
+    ({"chunk_size": 64.0}, TypeError, r"^chunk_size: expected an int, got float$"),
+    ({"chunk_size": True}, TypeError, r"^chunk_size: expected an int, got bool$"),
+    ({"chunk_size": 32}, ValueError, r"^chunk_size: the custom op takes 64, got 32$"),
+    ({"state_v_first": 1}, TypeError, r"^state_v_first: expected a bool, got int$"),
+    ({"q": None}, (TypeError, ValueError), r"^q: "),
+    ({"gk": "x"}, (TypeError, ValueError), r"^gk: "),
+])
+def test_op_names_bad_arguments(rng, over, exc, match):
+    a = _args(rng)
+    with pytest.raises(exc, match=match):
+        ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, **over})
+
+
+def test_op_accepts_numpy_scalars(rng):
+    np = pytest.importorskip("numpy")
+    a = _args(rng)
+    ref = ops.chunk_gated_delta_rule_bwd_dhu_op(**a)
+    out = ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "scale": np.float32(a["scale"]),
+                                                   "state_v_first": np.False_, "chunk_size": np.int64(64)})
+    for x, y in zip(out, ref):
+        assert torch.allclose(x.float(), y.float(), rtol=1e-6, atol=0)
+
+
+def test_op_cpu_checks_cu_seqlens_values_and_ignores_callers_chunk_offsets(rng):
+    a = make_inputs(1, None, 1, 1, 16, 32, torch.bfloat16, "gk", varlen_lengths=[30, 34],
+                    generator=rng)
+    a.pop("chunk_size")
+    good = ops.chunk_gated_delta_rule_bwd_dhu_op(**a)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected cu_seqlens\[0\] == 0, got 5$"):
+        ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "cu_seqlens": torch.tensor([5, 30, 64])})
+    # both sequences on chunk 0: a wrong table is not trusted (the CUDA path ignores it too)
+    odd = ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "chunk_offsets": torch.tensor([0, 0, 1])})
+    for x, y in zip(odd, good):
+        assert torch.equal(x, y)

@@ -180,9 +180,11 @@ def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
 
 def _index64(t):
     """An int32 index tensor (cu_seqlens, chunk_offsets) as int64 for the kernel, which reads
-    int64: fla takes either (its context-parallel path builds int32 cu_seqlens). Anything
-    else is returned as it is, for the validator to judge."""
-    if isinstance(t, torch.Tensor) and t.dtype == torch.int32:
+    int64: fla takes either (its context-parallel path builds int32 cu_seqlens). Only a
+    plain 1-D contiguous tensor is widened; anything else (a view the validator refuses,
+    an expanded giant) is returned as it is, for the validator to judge by name."""
+    if (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1
+            and t.is_contiguous() and not t.is_neg()):
         return t.to(torch.int64)
     return t
 

@@ -13,11 +13,45 @@ None; ``chunk_gated_delta_rule_bwd_dhu_op`` below turns it back into None.
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Optional, Tuple
 
 import torch
 
 BT = 64
+
+_TENSOR_ARGS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens", "chunk_indices",
+                "chunk_offsets")
+
+
+def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
+    """The op's schema takes (float, bool, fixed 64): check what the eager function's
+    validator checks, by name, before anything is converted. Returns (scale, state_v_first)."""
+    if isinstance(chunk_size, bool):
+        raise TypeError("chunk_size: expected an int, got bool")
+    try:
+        chunk_size = operator.index(chunk_size)
+    except TypeError:
+        raise TypeError(f"chunk_size: expected an int, got {type(chunk_size).__name__}") from None
+    if chunk_size != BT:
+        raise ValueError(f"chunk_size: the custom op takes 64, got {chunk_size}")
+    numpy_bool = type(state_v_first).__module__ == "numpy" and type(state_v_first).__name__ in ("bool", "bool_")
+    if not (isinstance(state_v_first, bool) or numpy_bool):
+        raise TypeError(f"state_v_first: expected a bool, got {type(state_v_first).__name__}")
+    kind = type(scale).__name__
+    if isinstance(scale, (bool, complex, str, bytes, torch.Tensor)) or "complex" in kind:
+        raise TypeError(f"scale: expected a float or None, got {kind}"
+                        + (" (the custom op takes a Python or numpy float)" if isinstance(scale, torch.Tensor) else ""))
+    try:
+        value = float(scale)
+    except OverflowError:
+        raise ValueError(f"scale: expected a finite float, got {kind} (too large for float64)") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"scale: expected a float or None, got {kind}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"scale: expected a finite float, got {value}")
+    return value, bool(state_v_first)
 
 
 @torch.library.custom_op("kda_dhu::chunk_gated_delta_rule_bwd_dhu", mutates_args=())
@@ -40,6 +74,11 @@ def _op(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, dv:
         if _dispatch._core is not None:  # the same input checks as the CUDA path
             _dispatch._core.validate(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
                                      cu_seqlens, BT, chunk_offsets)
+        if cu_seqlens is not None:
+            # cu_seqlens' values checked as the CUDA path checks them; the chunk offsets
+            # are these cu_seqlens' own (a caller's chunk_offsets is not trusted, as there)
+            _, offsets = _dispatch._varlen_chunks(cu_seqlens, q.shape[1])
+            kw["chunk_offsets"] = offsets[:-1]
 
         dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu_ref(q, k, w, do, dv, **kw)
         dh, dv2 = dh.to(q.dtype), dv2.to(dv.dtype)
@@ -80,18 +119,19 @@ def chunk_gated_delta_rule_bwd_dhu_op(
     chunk_size must be 64 (the op's schema fixes it). Raises ValueError otherwise, and
     whatever the eager function raises.
     """
-    if chunk_size != BT:
-        raise ValueError(f"chunk_size: the custom op takes 64, got {chunk_size}")
     from ._dispatch import _default_scale
 
-    scale = _default_scale(q, scale)
-    if scale is None:  # q is not a tensor with a K dim: let the eager path name it
+    args = dict(q=q, k=k, w=w, do=do, dv=dv, g=g, gk=gk, h0=h0, dht=dht, cu_seqlens=cu_seqlens,
+                chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+    if any(args[n] is not None and not isinstance(args[n], torch.Tensor) for n in _TENSOR_ARGS) \
+            or not isinstance(q, torch.Tensor) or q.dim() != 4:
+        # not tensors where the schema wants them: the eager function names the argument
         from ._dispatch import chunk_gated_delta_rule_bwd_dhu
 
-        return chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, g=g, gk=gk, h0=h0, dht=dht,
-                                              state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-                                              chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
+        return chunk_gated_delta_rule_bwd_dhu(**args, scale=scale, state_v_first=state_v_first,
+                                              chunk_size=chunk_size)
+    scale, state_v_first = _op_scalars(_default_scale(q, scale), state_v_first, chunk_size)
     dh, dh0, dv2 = torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu(
-        q, k, w, do, dv, g, gk, h0, dht, float(scale), state_v_first, cu_seqlens, chunk_indices,
+        q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_indices,
         chunk_offsets)
     return dh, (dh0 if h0 is not None else None), dv2
