@@ -47,27 +47,21 @@ def main(argv=None) -> int:
     if args.nwg:
         os.environ["KDA_DHU_SM90_NWG"] = args.nwg
     from kda_dhu import _dispatch
+    from kda_dhu.testing import run_kernel
 
     for row in (r for r in bench.SHAPES if r[0] in want):
-        name, B, T, H, HV, K, V, gate, varlen = row
-        lengths = bench.varlen_lengths(T, 64) if varlen == "avg1k" else None
-        svf = name in bench.STATE_V_FIRST
-        a = bench.make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, state_v_first=svf)
-        with _dispatch._device_ctx(a["q"]):
-            ok, reason, call = _dispatch._prepare(
-                "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"),
-                a.get("h0"), a.get("dht"), a["scale"], svf, a.get("cu_seqlens"), 64, None)
-            if not ok:
-                print(f"{name}: the kernel cannot run it: {reason}", file=sys.stderr)
-                return 1
+        name = row[0]
+        a, _ = bench.row_inputs(row)
+        try:
             for _ in range(args.warmup + 1):
-                _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"),
-                                      a.get("gk"), a.get("h0"), a.get("dht"), a["scale"],
-                                      a.get("cu_seqlens"), None, None, False, call=call,
-                                      state_v_first=svf)
-            torch.cuda.synchronize()
-        print(f"{name}: {args.warmup} + 1 launches of {reason}, warpgroups "
-              f"{os.environ.get('KDA_DHU_SM90_NWG', 'by the planner')}; {call!r}", flush=True)
+                run_kernel(a)
+        except RuntimeError as err:
+            print(f"{name}: {err}", file=sys.stderr)
+            return 1
+        torch.cuda.synchronize()
+        print(f"{name}: {args.warmup} + 1 launches, warpgroups "
+              f"{os.environ.get('KDA_DHU_SM90_NWG', 'by the planner')}; "
+              f"plan {_dispatch.plan_call(**a)}", flush=True)
         del a
         torch.cuda.empty_cache()
     return 0

@@ -32,6 +32,7 @@ EXTRA = [
 def main(argv=None) -> int:
     from kda_dhu import _dispatch, bench
     from kda_dhu.reference import rel_err
+    from kda_dhu.testing import run_kernel
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="")
@@ -47,16 +48,14 @@ def main(argv=None) -> int:
     results = []
     print("| shape | fla ms | wg1 ms | wg2 ms | fla/floor | wg1/floor | wg2/floor | best vs fla |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, B, T, H, HV, K, V, gate, varlen in rows:
-        lengths = bench.varlen_lengths(T, 64) if varlen == "avg1k" else None
-        a = bench.make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths)
+    for r in rows:
+        name, B, T, H, HV, K, V, gate, varlen = r
+        a, lengths = bench.row_inputs(r)
         fla_fn = _dispatch.fla_function()
         fla_out = fla_fn(**a)
 
         def kernel():
-            return _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"),
-                                         a.get("gk"), a.get("h0"), a.get("dht"), a["scale"],
-                                         a.get("cu_seqlens"), None, None, False)
+            return run_kernel(a)
 
         row = {"shape": name, "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "gate": gate,
                "varlen": lengths is not None}

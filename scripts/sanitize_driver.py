@@ -3,7 +3,7 @@
 A handful of small calls covering the kernel's code paths: the envelope (K 64 / 128,
 bf16), a dense tail, varlen with lengths [1, 63, 65, 7], a padded packed batch, GVA,
 the g gate, no gate without states, and one fp16 call. Each case runs the kernel twice:
-once directly with NaN-poisoned outputs (``_dispatch._run_kernel(..., poison=True)``),
+once directly with NaN-poisoned outputs (``kda_dhu.testing.run_kernel(args, poison=True)``),
 once through the public entry point with ``KDA_DHU_FORCE=kernel``, and checks both
 against the float64 reference (so a sanitizer run that "passes" on wrong results
 does not). fla is never imported or called (``KDA_DHU_NO_AUTOREGISTER=1``): sanitizing
@@ -60,9 +60,8 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     import kda_dhu
-    from kda_dhu import _dispatch
     from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref, rel_err
-    from kda_dhu.testing import make_inputs
+    from kda_dhu.testing import make_inputs, run_kernel
 
     spec = dict(spec)
     dtype = spec.pop("dtype", torch.bfloat16)
@@ -72,14 +71,10 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     else:
         os.environ["KDA_DHU_SM90_NWG"] = str(nwg)
     a = make_inputs(dtype=dtype, device="cuda", generator=gen, **spec)
-    ok, reason = _dispatch._decide(
-        "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],
-        a["scale"], a["state_v_first"], a["cu_seqlens"], 64, None)
-    if not ok:
-        raise AssertionError(f"{name}: the kernel cannot run this case: {reason}")
-    poisoned = _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"],
-                                     a["h0"], a["dht"], a["scale"], a["cu_seqlens"], None, None,
-                                     False, poison=True, state_v_first=a["state_v_first"])
+    try:
+        poisoned = run_kernel(a, poison=True)
+    except RuntimeError as err:
+        raise AssertionError(f"{name}: {err}") from None
     torch.cuda.synchronize()
     public = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
     torch.cuda.synchronize()

@@ -26,17 +26,9 @@ def _rel(out, ref):
 
 def _run_poisoned(args):
     """The kernel path with every output prefilled with NaN."""
-    from kda_dhu import _dispatch
+    from kda_dhu.testing import run_kernel
 
-    ok, reason, call = _dispatch._prepare(
-        "capable", args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
-        args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
-        args.get("state_v_first", False), args.get("cu_seqlens"), args.get("chunk_size", 64), None)
-    assert ok, f"the plan sent this call to fla: {reason}"
-    return _dispatch._run_kernel(
-        args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"), args.get("gk"),
-        args.get("h0"), args.get("dht"), args["scale"], args.get("cu_seqlens"), None, None, False,
-        poison=True, call=call, state_v_first=args.get("state_v_first", False))
+    return run_kernel(args, poison=True)
 
 
 def _check(args, tol_factor=1.25):

@@ -3,7 +3,7 @@ memory over many calls, inputs left alone, CUDA graphs and torch.compile.
 
 Every test draws fresh random inputs (the ``rng`` fixture, or a CUDA generator for the
 big case), and where it runs the kernel directly its outputs are poisoned with NaN first
-(``_dispatch._run_kernel(..., poison=True)``) so an element the kernel does not write
+(``kda_dhu.testing.run_kernel(args, poison=True)``) so an element the kernel does not write
 shows. "Bitwise" means equal bit patterns (NaN included), not ``==``.
 
 Expected times on an H200 are in each test's docstring; none needs more than a minute
@@ -30,7 +30,6 @@ import pytest
 import torch
 
 import kda_dhu
-from kda_dhu import _dispatch
 from helpers import make_inputs
 
 pytestmark = pytest.mark.gpu
@@ -102,18 +101,9 @@ def _to(args: dict, device) -> dict:
 
 def _kernel_poisoned(args: dict):
     """The kernel path with every output prefilled with NaN (the plan must allow it)."""
-    with _dispatch._device_ctx(args["q"]):
-        ok, reason, call = _dispatch._prepare(
-            "capable", args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
-            args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
-            args.get("state_v_first", False), args.get("cu_seqlens"), args.get("chunk_size", 64),
-            None)
-        assert ok, f"the kernel cannot run this call: {reason}"
-        return _dispatch._run_kernel(
-            args["q"], args["k"], args["w"], args["do"], args["dv"], args.get("g"),
-            args.get("gk"), args.get("h0"), args.get("dht"), args["scale"],
-            args.get("cu_seqlens"), None, None, False, poison=True, call=call,
-            state_v_first=args.get("state_v_first", False))
+    from kda_dhu.testing import run_kernel
+
+    return run_kernel(args, poison=True)
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

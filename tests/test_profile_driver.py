@@ -39,3 +39,30 @@ def test_bad_arguments(args, msg):
 def test_no_gpu_exit_status():
     proc = _run("--shapes", "b4_t8192_h16")
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+
+
+def test_row_inputs_carry_the_rows_layout_and_lengths(monkeypatch):
+    """bench.row_inputs: the one place a table row becomes a call (bench, variants, the
+    profile driver): state_v_first states for the rows named in STATE_V_FIRST, packed
+    lengths for "avg1k" rows."""
+    from kda_dhu import bench
+
+    monkeypatch.setattr(bench, "STATE_V_FIRST", {"tiny_svf"})
+    a, lengths = bench.row_inputs(("tiny_svf", 2, 128, 2, 2, 64, 128, "gk", None), device="cpu")
+    assert lengths is None and a["state_v_first"] is True
+    assert a["h0"].shape == a["dht"].shape == (2, 2, 128, 64)
+    a, lengths = bench.row_inputs(("tiny_varlen", 1, 640, 2, 2, 64, 64, "g", "avg1k"), device="cpu")
+    assert "state_v_first" not in a and sum(lengths) == 640 and len(lengths) == 64
+    assert a["cu_seqlens"].tolist()[-1] == 640 and a["h0"].shape == (64, 2, 64, 64)
+
+
+def test_run_kernel_forwards_every_argument_to_validation():
+    """kda_dhu.testing.run_kernel on CPU tensors gets as far as the device check: with
+    K != V, a state_v_first call validates only if state_v_first reached the validator."""
+    from kda_dhu.testing import make_inputs, run_kernel
+
+    for svf in (False, True):
+        a = make_inputs(1, 100, 2, 2, 64, 128, torch.bfloat16, "gk", state_v_first=svf,
+                        generator=torch.Generator().manual_seed(0))
+        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+            run_kernel(a, poison=True)

@@ -101,6 +101,16 @@ def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", see
     return args
 
 
+def row_inputs(row, seed=0, device="cuda") -> tuple:
+    """(inputs, lengths) of a SHAPES row: packed lengths for "avg1k" rows (else None),
+    state_v_first for the rows of STATE_V_FIRST."""
+    name, B, T, H, HV, K, V, gate, varlen = row
+    lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
+    a = make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, device=device, seed=seed,
+                    state_v_first=name in STATE_V_FIRST)
+    return a, lengths
+
+
 def floor_bytes(B, T, H, HV, K, V, NT_total, N, elem=2, gate="gk") -> int:
     """Fewest bytes: every input read once, every output written once."""
     b = (2 * B * T * H * K + B * T * HV * K) * elem          # q, k, w
@@ -157,9 +167,8 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     from kda_dhu.reference import rel_err
 
     name, B, T, H, HV, K, V, gate, varlen = row
-    lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
     svf = name in STATE_V_FIRST
-    a = make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, seed=seed, state_v_first=svf)
+    a, lengths = row_inputs(row, seed)
     fla_fn = kda_dhu.fla_function()
     if entry == "b2a":
         if svf:

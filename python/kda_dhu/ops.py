@@ -27,7 +27,10 @@ _TENSOR_ARGS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens",
 
 def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
     """The op's schema takes (float, bool, fixed 64): check what the eager function's
-    validator checks, by name, before anything is converted. Returns (scale, state_v_first)."""
+    validator checks, by name, before anything is converted. Returns (scale, state_v_first).
+
+    In Python, mirroring src/lib.rs's scale_arg / state_v_first_arg / chunk_size_arg (same
+    messages): torch.compile traces this wrapper and cannot call into the extension."""
     if isinstance(chunk_size, bool):
         raise TypeError("chunk_size: expected an int, got bool")
     try:

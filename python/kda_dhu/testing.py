@@ -213,6 +213,30 @@ def naive_bwd_dhu(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=Non
 # Shared by benches/e2e.py and benches/cp_check.py: switch kda-dhu's fla backend per call
 # and count what the dispatcher did.
 
+def run_kernel(args: dict, poison: bool = False):
+    """kda-dhu's kernel on a call's keyword arguments (``make_inputs``' dict), whatever the
+    extended rule would choose: the planner's "capable" rule, on the inputs' device.
+
+    Returns (dh, dh0, dv2). ``poison``: every output is filled with NaN first, so that an
+    element the kernel does not write stays NaN. Raises RuntimeError (with the planner's
+    reason) where the kernel cannot compute the call, and what validation raises.
+    """
+    from . import _dispatch
+
+    a = args
+    with _dispatch._device_ctx(a["q"]):
+        ok, reason, call = _dispatch._prepare(
+            "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"),
+            a.get("h0"), a.get("dht"), a["scale"], a.get("state_v_first", False),
+            a.get("cu_seqlens"), a.get("chunk_size", 64), None)
+        if not ok:
+            raise RuntimeError(f"the kernel cannot run this call: {reason}")
+        return _dispatch._run_kernel(
+            a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"), a.get("h0"),
+            a.get("dht"), a["scale"], a.get("cu_seqlens"), None, None, False, poison=poison,
+            call=call, state_v_first=a.get("state_v_first", False))
+
+
 from .fla_backend import ENV_VAR as BACKEND_ENV  # noqa: E402  (FLA_KDA_DHU, read by fla at every call)
 
 
