@@ -114,12 +114,16 @@ fn is_complex_or_bool(o: &Bound<'_, PyAny>) -> bool {
     dt.getattr("kind").and_then(|k| k.extract::<String>()).map(|k| k == "c" || k == "b").unwrap_or(false)
 }
 
-/// `chunk_size`: a Python int (anything with __index__: int, numpy ints; not float or str).
-/// Not passed: 64. The range (>= 1) is checked by `validate`.
+/// `chunk_size`: a Python int (anything with __index__: int, numpy ints; not float, bool or
+/// str). Not passed: 64. The range (>= 1) is checked by `validate`.
 fn chunk_size_arg(arg: &Arg<'_>) -> error::Result<i64> {
     let Some(o) = &arg.0 else { return Ok(64) };
     let py = o.py();
-    if o.is_instance_of::<pyo3::types::PyFloat>() || o.is_none() || !o.hasattr(pyo3::intern!(py, "__index__")).unwrap_or(false) {
+    if o.is_instance_of::<pyo3::types::PyFloat>()
+        || o.is_instance_of::<pyo3::types::PyBool>()
+        || o.is_none()
+        || !o.hasattr(pyo3::intern!(py, "__index__")).unwrap_or(false)
+    {
         return Err(Error::type_("chunk_size", format!("expected an int, got {}", py_type_name(o))));
     }
     o.extract::<i64>().map_err(|e| {

@@ -801,3 +801,10 @@ def test_int32_cu_seqlens_views_are_judged_before_any_widening():
         kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**kw, "cu_seqlens": neg})
     plain = torch.tensor([0, 30, 70, 100], dtype=torch.int32)
     assert _dispatch._index64(plain).dtype == torch.int64
+
+
+def test_bool_chunk_size_is_refused_as_the_custom_op_refuses_it():
+    with pytest.raises(TypeError, match=r"^chunk_size: expected an int, got bool$"):
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "chunk_size": True})
+    ok, reason = kda_dhu.plan_call(**{**call(), "chunk_size": True})
+    assert not ok and reason == "TypeError: chunk_size: expected an int, got bool"
