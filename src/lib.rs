@@ -388,6 +388,80 @@ fn py_launch(
     })
 }
 
+/// `new_empty`'s keyword arguments for dh0: {"dtype": torch.float32}, built once.
+fn float32_kwargs(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::PyDict>> {
+    static KW: pyo3::sync::PyOnceLock<Py<pyo3::types::PyDict>> = pyo3::sync::PyOnceLock::new();
+    KW.get_or_try_init(py, || -> PyResult<_> {
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("dtype", py.import("torch")?.getattr("float32")?)?;
+        Ok(d.unbind())
+    })
+    .map(|d| d.bind(py))
+}
+
+/// torch's current CUDA stream of `ordinal` (the exchange API's, else torch.cuda's).
+fn current_stream(py: Python<'_>, ordinal: i32) -> PyResult<u64> {
+    if let Some(s) = tensor::current_cuda_stream(py, ordinal) {
+        return Ok(s);
+    }
+    py.import("torch")?.getattr("cuda")?.call_method1("current_stream", (ordinal,))?.getattr("cuda_stream")?.extract()
+}
+
+/// One call, kernel path only, in one crossing (issue #7's host overhead): reads,
+/// validates and plans the call as `prepare` does (cu_seqlens not taken), and where the
+/// plan under `rule` is the verified sm_90a kernel, allocates dh, dh0 and dv2 with
+/// torch (`q.new_empty` / `dv.new_empty`: the caching allocator, the inputs' device)
+/// and launches on torch's current stream of that device. Returns (dh, dh0 or None,
+/// dv2), or None where the caller must take the general path (the plan says fallback
+/// or another architecture, or q / dv is not a plain torch.Tensor). Raises as
+/// `prepare` for invalid input.
+#[pyfunction]
+#[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, chunk_size=NOT_PASSED))]
+#[allow(clippy::too_many_arguments)]
+fn py_run<'py>(
+    py: Python<'py>,
+    rule: &str,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    r#do: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+    g: Option<&Bound<'py, PyAny>>,
+    gk: Option<&Bound<'py, PyAny>>,
+    h0: Option<&Bound<'py, PyAny>>,
+    dht: Option<&Bound<'py, PyAny>>,
+    scale: Option<&Bound<'py, PyAny>>,
+    state_v_first: Arg<'py>,
+    chunk_size: Arg<'py>,
+) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+    let (call, plan) = guard(|| {
+        let rule = parse_rule(rule)?;
+        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, None, &chunk_size, None)?;
+        launch::Prepared::new(a, rule)
+    })?;
+    if !plan.runs_in_one_crossing() || !tensor::is_plain_tensor(q) || !tensor::is_plain_tensor(dv) {
+        return Ok(None);
+    }
+    let d = &call.desc.dims;
+    let nt = (d.t + 63) / 64;
+    let dh_shape = if call.desc.state_v_first { (d.b, nt, d.hv, d.v, d.k) } else { (d.b, nt, d.hv, d.k, d.v) };
+    let new_empty = pyo3::intern!(py, "new_empty");
+    let dh = q.call_method1(new_empty, (dh_shape,))?;
+    let dh0 = match &call.args.h0 {
+        Some(h) => Some(q.call_method(new_empty, (h.shape.clone(),), Some(float32_kwargs(py)?))?),
+        None => None,
+    };
+    let dv2 = dv.call_method1(new_empty, ((d.b, d.t, d.hv, d.v),))?;
+    let ordinal = call.desc.device.unwrap_or(0);
+    let stream = current_stream(py, ordinal)?;
+    guard(|| {
+        let o = outputs(&dh, dh0.as_ref(), &dv2)?;
+        call.launch(&o, None, stream)
+    })?;
+    let dh0 = dh0.unwrap_or_else(|| py.None().into_bound(py));
+    Ok(Some(pyo3::types::PyTuple::new(py, [dh, dh0, dv2])?))
+}
+
 /// The TMA descriptor cache: {"hits", "misses", "evictions", "size", "capacity"}.
 #[pyfunction]
 fn tma_cache_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -437,6 +511,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_plan, m)?)?;
     m.add_function(wrap_pyfunction!(py_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_class::<PyPrepared>()?;
     m.add_function(wrap_pyfunction!(tma_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(tma_cache_clear, m)?)?;

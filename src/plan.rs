@@ -228,6 +228,13 @@ impl Plan {
         matches!(self, Plan::Kernel { .. })
     }
 
+    /// Whether `_core.run` launches this plan itself: the verified sm_90a kernel only
+    /// (a fallback runs fla, and the unverified sm_100a kernel runs under the Python
+    /// layer's self-check).
+    pub fn runs_in_one_crossing(&self) -> bool {
+        matches!(self, Plan::Kernel { arch: Arch::Sm90, .. })
+    }
+
     /// ("kernel-sm90a", true) or (the fallback reason, false).
     pub fn describe(&self) -> (bool, String) {
         match self {
@@ -693,6 +700,18 @@ mod tests {
         d.dims.b = 2;
         d.dims.n = 2;
         assert_eq!(reason(plan(&d, &H200, Rule::B2a)), "B*HV*(V/64) = 252 < 256 CTAs");
+    }
+
+    #[test]
+    fn plan_runs_in_one_crossing_only_on_sm90() {
+        for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {
+            assert!(plan(&base(), &H200, rule).runs_in_one_crossing());
+            let p = plan(&base(), &B200, rule);
+            assert!(p.is_kernel() && !p.runs_in_one_crossing(), "sm_100a runs under the self-check");
+        }
+        let mut d = base();
+        d.dims.k = 256;
+        assert!(!plan(&d, &H200, Rule::Extended).runs_in_one_crossing());
     }
 
     #[test]

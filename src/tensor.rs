@@ -211,10 +211,13 @@ pub fn fmt_shape(shape: &[i64]) -> String {
 }
 
 /// DLPack intake (the only PyO3 code outside lib.rs).
+pub use py::{current_cuda_stream, is_plain_tensor};
+
 mod py {
     use super::*;
     use dlpack_rs::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
     use pyo3::intern;
+    use std::os::raw::{c_int, c_void};
     use pyo3::prelude::*;
     use pyo3::sync::PyOnceLock;
     use pyo3::types::{PyCapsule, PyDict, PyType};
@@ -225,10 +228,42 @@ mod py {
     /// tensors. Same capsule ("dltensor", DLPack 0.8), no stream synchronization (as
     /// `__dlpack__()` without a stream), and it also exports tensors that require grad
     /// and tensors on a device other than torch's current one.
+    ///
+    /// Where torch offers DLPack's C exchange API (`torch.Tensor.__dlpack_c_exchange_api__`,
+    /// DLPack 1.3, torch >= 2.10), plain tensors are read through its
+    /// `dltensor_from_py_object_no_sync` instead: a non-owning DLTensor filled on the
+    /// stack, no capsule and no allocation (issue #7's host overhead).
     struct Torch {
         tensor: Py<PyType>,
         parameter: Py<PyType>,
         to_dlpack: Py<PyAny>,
+        exchange: Option<Exchange>,
+    }
+
+    /// The two functions of torch's `DLPackExchangeAPI` that kda-dhu calls (the others
+    /// allocate outside torch's caching allocator and are not used).
+    #[derive(Clone, Copy)]
+    struct Exchange {
+        dltensor_from_py_object: unsafe extern "C" fn(*mut c_void, *mut DLTensor) -> c_int,
+        current_work_stream: dlpack_rs::ffi::DLPackCurrentWorkStream,
+    }
+
+    /// torch's exchange API from its capsule, if this torch has one of a known layout
+    /// (DLPack major version 1, minor >= 3, the non-owning exporter present).
+    fn exchange_api(tensor_type: &Bound<'_, PyAny>) -> Option<Exchange> {
+        let cap = tensor_type.getattr("__dlpack_c_exchange_api__").ok()?;
+        let cap = cap.cast::<PyCapsule>().ok()?;
+        let ptr = cap.pointer_checked(Some(c"dlpack_exchange_api")).ok()?;
+        // SAFETY: a "dlpack_exchange_api" capsule holds a DLPackExchangeAPI that lives as
+        // long as torch's module (a static singleton); its header's version is read first.
+        let api = unsafe { &*(ptr.as_ptr() as *const dlpack_rs::ffi::DLPackExchangeAPI) };
+        if api.header.version.major != 1 || api.header.version.minor < 3 {
+            return None;
+        }
+        Some(Exchange {
+            dltensor_from_py_object: api.dltensor_from_py_object_no_sync?,
+            current_work_stream: api.current_work_stream,
+        })
     }
 
     /// torch's types and exporter, once torch is imported (never imports it itself).
@@ -245,10 +280,13 @@ mod py {
         TORCH
             .get_or_try_init(py, || -> PyResult<Torch> {
                 let torch = py.import("torch")?;
+                let tensor = torch.getattr("Tensor")?;
+                let exchange = if std::env::var_os("KDA_DHU_NO_EXCHANGE_API").is_some() { None } else { exchange_api(&tensor) };
                 Ok(Torch {
-                    tensor: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
+                    tensor: tensor.cast_into::<PyType>()?.unbind(),
                     parameter: torch.getattr("nn")?.getattr("Parameter")?.cast_into::<PyType>()?.unbind(),
                     to_dlpack: py.import("torch.utils.dlpack")?.getattr("to_dlpack")?.unbind(),
+                    exchange,
                 })
             })
             .ok()
@@ -377,12 +415,25 @@ mod py {
             return Err(bad(format!("__dlpack__() returned a capsule named {name:?}, expected \"dltensor\"")));
         };
         // SAFETY: the capsule's pointer, alive until its deleter runs (below).
-        let dl = unsafe { managed.dl_tensor() };
+        let meta = meta_of(unsafe { managed.dl_tensor() }, arg)?;
+        // SAFETY: a live capsule; the name is 'static. Renamed first, so that the capsule's
+        // own destructor (which frees an unconsumed "dltensor") does not free it again.
+        if unsafe { pyo3::ffi::PyCapsule_SetName(cap.as_ptr(), managed.used_name().as_ptr()) } != 0 {
+            return Err(Error::Internal(format!("{arg}: PyCapsule_SetName failed: {}", PyErr::fetch(cap.py()))));
+        }
+        // SAFETY: consumed above; nothing reads the DLTensor after this.
+        unsafe { managed.release() };
+        Ok(meta)
+    }
+
+    /// The metadata of a producer's DLTensor, copied out: 0 <= ndim <= 64 and a shape
+    /// array when ndim > 0, else an error naming `arg`.
+    fn meta_of(dl: &DLTensor, arg: &'static str) -> Result<TensorMeta> {
         if !(0..=MAX_NDIM).contains(&dl.ndim) {
             return Err(Error::shape(arg, format!("expected 0 <= ndim <= {MAX_NDIM} from DLPack, got ndim = {}", dl.ndim)));
         }
         if dl.ndim > 0 && dl.shape.is_null() {
-            return Err(bad(format!("DLPack shape pointer is NULL for a {}-D tensor", dl.ndim)));
+            return Err(Error::value(arg, format!("DLPack shape pointer is NULL for a {}-D tensor", dl.ndim)));
         }
         let n = dl.ndim as usize;
         // SAFETY: shape (checked non-NULL above) and strides (when non-NULL) point at ndim
@@ -396,21 +447,55 @@ mod py {
                 (shape, strides)
             }
         };
-        let meta = TensorMeta {
+        Ok(TensorMeta {
             ptr: (dl.data as u64).wrapping_add(dl.byte_offset),
             shape,
             strides,
             dtype: DType::from_dlpack(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes),
-            device: Device::from_dlpack(dl.device.device_type as u32, dl.device.device_id),
-        };
-        // SAFETY: a live capsule; the name is 'static. Renamed first, so that the capsule's
-        // own destructor (which frees an unconsumed "dltensor") does not free it again.
-        if unsafe { pyo3::ffi::PyCapsule_SetName(cap.as_ptr(), managed.used_name().as_ptr()) } != 0 {
-            return Err(Error::Internal(format!("{arg}: PyCapsule_SetName failed: {}", PyErr::fetch(cap.py()))));
+            device: Device::from_dlpack(dl.device.device_type, dl.device.device_id),
+        })
+    }
+
+    /// "arg: torch's DLPack export failed: <torch's message>", the message's first line
+    /// (torch's C++ errors carry a backtrace after it).
+    fn export_failed(arg: &'static str, why: &str) -> Error {
+        let first = why.lines().next().unwrap_or("").trim_end();
+        Error::value(arg, format!("torch's DLPack export failed: {first}"))
+    }
+
+    /// Reads a torch tensor through the exchange API's non-owning exporter: torch fills
+    /// a DLTensor on our stack whose shape and strides point into the tensor, valid
+    /// while `obj` lives and is not resized (we hold it, under the GIL, for this call).
+    fn read_exchange(x: Exchange, obj: &Bound<'_, PyAny>, arg: &'static str) -> Result<TensorMeta> {
+        let mut dl = std::mem::MaybeUninit::<DLTensor>::zeroed();
+        // SAFETY: obj is a live torch.Tensor (or Parameter), the type the API was taken
+        // from; dl is writable stack memory of the right layout.
+        let rc = unsafe { (x.dltensor_from_py_object)(obj.as_ptr() as *mut c_void, dl.as_mut_ptr()) };
+        if rc != 0 {
+            let why = PyErr::take(obj.py()).map(|e| e.to_string()).unwrap_or_else(|| format!("returned {rc}"));
+            return Err(export_failed(arg, &why));
         }
-        // SAFETY: consumed above; nothing reads `dl` after this.
-        unsafe { managed.release() };
-        Ok(meta)
+        // SAFETY: filled by the exporter (a zeroed DLTensor is also a valid one).
+        meta_of(unsafe { dl.assume_init_ref() }, arg)
+    }
+
+    /// Exactly a torch.Tensor (not a subclass, whose methods could return the subclass).
+    pub fn is_plain_tensor(obj: &Bound<'_, PyAny>) -> bool {
+        torch(obj.py()).is_some_and(|t| obj.get_type().is(&t.tensor))
+    }
+
+    /// torch's current CUDA stream of device `ordinal` as a raw handle, through the
+    /// exchange API; None where this torch has none.
+    pub fn current_cuda_stream(py: Python<'_>, ordinal: i32) -> Option<u64> {
+        let f = torch(py)?.exchange?.current_work_stream?;
+        let mut stream: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; kDLCUDA = 2.
+        let rc = unsafe { f(2, ordinal, &mut stream) };
+        if rc != 0 {
+            let _ = PyErr::take(py);
+            return None;
+        }
+        Some(stream as u64)
     }
 
     impl TensorMeta {
@@ -428,10 +513,13 @@ mod py {
             let cap = match torch {
                 Some(t) if obj.get_type().is(&t.tensor) || obj.get_type().is(&t.parameter) => {
                     refuse_neg_bit(obj, arg)?;
+                    if let Some(x) = t.exchange {
+                        return read_exchange(x, obj, arg);
+                    }
                     t.to_dlpack
                         .bind(py)
                         .call1((obj,))
-                        .map_err(|e| Error::value(arg, format!("torch.utils.dlpack.to_dlpack failed: {e}")))?
+                        .map_err(|e| export_failed(arg, &e.to_string()))?
                 }
                 _ => {
                     if !obj.hasattr(intern!(py, "__dlpack__")).unwrap_or(false) {

@@ -164,6 +164,75 @@ def test_prepared_launch_equals_the_stateless_launch(rng):
     _assert_outputs_bitwise(prepared, stateless, "prepared vs stateless")
 
 
+# _core.run's cases: (rule, make_inputs arguments); each must plan the sm_90a kernel.
+RUN_CASES = [
+    ("extended", dict(B=1, T=64, H=1, HV=1, K=128, V=64, gate="gk")),
+    ("extended", dict(B=2, T=200, H=2, HV=4, K=64, V=128, gate="g", dtype=torch.float16)),
+    ("extended", dict(B=1, T=130, H=2, HV=2, K=128, V=64, gate=None, h0=False, dht=False)),
+    ("extended", dict(B=2, T=192, H=2, HV=2, K=128, V=128, gate="gk", state_v_first=True)),
+    ("b2a", dict(B=4, T=128, H=64, HV=64, K=128, V=64, gate="gk")),
+]
+
+
+def _run_case(c: dict, rng) -> dict:
+    c = dict(c)
+    return make_inputs(c.pop("B"), c.pop("T"), c.pop("H"), c.pop("HV"), c.pop("K"), c.pop("V"),
+                       c.pop("dtype", BF16), c.pop("gate"), device="cuda", generator=rng, **c)
+
+
+@pytest.mark.parametrize("rule,case", RUN_CASES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(RUN_CASES)])
+def test_one_crossing_run_equals_the_general_path(rng, rule, case):
+    """_core.run (read, validate, plan, allocate and launch in one call: the eager entry
+    points' path without cu_seqlens) writes the bits of the general path
+    (_core.prepare, outputs allocated and poisoned in Python, PreparedCall.launch), with
+    its outputs shaped, typed and placed as the general path's. < 1 s."""
+    a = _run_case(case, rng)
+    if _core.device_arch(torch.cuda.current_device()) != "sm_90":
+        pytest.skip("_core.run launches the verified sm_90a kernel only")
+    pos = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],
+           a["scale"], a["state_v_first"])
+    ok, reason, call = _core.prepare(rule, *pos)
+    assert ok, reason
+    got = _core.run(rule, *pos)
+    assert got is not None, "run handed a kernel-planned call back"
+    expect = _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"],
+                                   a["h0"], a["dht"], a["scale"], None, None, None, False,
+                                   poison=True, call=call, state_v_first=a["state_v_first"])
+    torch.cuda.synchronize()
+    for name, x, y in zip(NAMES, got, expect):
+        if y is None:
+            assert x is None, name
+            continue
+        assert type(x) is torch.Tensor and x.is_contiguous(), name
+        assert (x.shape, x.dtype, x.device) == (y.shape, y.dtype, y.device), name
+        assert torch.isfinite(x).all(), f"{name}: an element left unwritten"
+    _assert_outputs_bitwise(got, expect, f"run vs general, {rule} {case}")
+
+
+def test_one_crossing_run_hands_back_what_it_does_not_launch(rng, monkeypatch):
+    """None (the caller's general path decides) for a fallback plan: K = 256 and a b2a
+    call below 256 CTAs; invalid input raises as prepare does. The public entry point
+    takes _core.run for a dense kernel call (the general path is not entered)."""
+    a = _run_case(dict(B=1, T=64, H=1, HV=1, K=256, V=64, gate="gk"), rng)
+    pos = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"], a["scale"])
+    assert _core.run("extended", *pos) is None
+    a = _tiny(rng)
+    pos = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"], a["scale"])
+    assert _core.run("b2a", *pos) is None  # 1 CTA < the seed's 256
+    with pytest.raises(TypeError, match=r"^dv: expected dtype bfloat16"):
+        _core.run("extended", *pos[:4], a["dv"].half(), *pos[5:])
+    if _core.device_arch(torch.cuda.current_device()) == "sm_90":
+        monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
+
+        def no_general_path(*args, **kw):
+            raise AssertionError("the general path ran")
+
+        monkeypatch.setattr(_dispatch, "_prepare", no_general_path)
+        out = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(x).all() for x in out)
+
+
 def test_prepared_launch_checks_the_outputs(rng):
     """What PreparedCall.launch reads, it checks, naming the argument; no launch happens."""
     a = _tiny(rng)

@@ -88,6 +88,9 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
     monkeypatch.delenv("KDA_DHU_SM100_TRUSTED", raising=False)
     monkeypatch.setattr(_dispatch, "SM100_CHECK", SelfCheck("sm_100a"))
     good, bad = _outs(4), _outs(4, bad=True)
+    # the one-crossing path (_core.run) hands sm_100a plans back to this one (cargo test
+    # plan_runs_in_one_crossing_only_on_sm90): injected here, so it is taken out
+    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)
     monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm100a", None))
     monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: bad)
     monkeypatch.setattr(_dispatch, "fla_function", lambda: (lambda **kw: good))
@@ -104,6 +107,7 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
 def test_sm90_plans_are_not_checked(monkeypatch):
     monkeypatch.setattr(_dispatch, "SM100_CHECK", SelfCheck("sm_100a"))
     ours = _outs(5)
+    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)  # the general path's guard
     monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
     monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: ours)
 

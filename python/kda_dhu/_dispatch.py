@@ -136,6 +136,14 @@ def _force() -> Optional[str]:
     return value
 
 
+def _fast_path() -> bool:
+    """Whether a call without cu_seqlens may take ``_core.run``: the kernel path in one
+    crossing into Rust (read, validate, plan, allocate, launch; issue #7). Not under
+    KDA_DHU_FORCE (whose rules the general path applies); ``_core.run`` itself hands
+    back to the general path whatever is not the verified sm_90a kernel."""
+    return _core is not None and _read_force() is None
+
+
 def _default_scale(q, scale: Optional[float]) -> Optional[float]:
     """K ** -0.5 when scale is None; left None for a q the validator will reject by name."""
     if scale is None:
@@ -393,6 +401,10 @@ def chunk_gated_delta_rule_bwd_dhu(
     Calls the kernel where ``plan_call`` accepts; otherwise fla's own function with the
     same arguments, so results match fla's to rounding either way.
     """
+    if cu_seqlens is None and not use_graph and _fast_path():
+        out = _core.run("extended", q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, chunk_size)
+        if out is not None:
+            return out
     scale = _default_scale(q, scale)
 
     def run_fla():
@@ -437,6 +449,11 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
     Returns (dh [B, NT, HV, K, V] in qg's dtype, dh0 fp32 or None if h0 is None, dv2).
     Raises as ``chunk_gated_delta_rule_bwd_dhu`` does.
     """
+    if _fast_path():
+        out = _core.run("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, chunk_size)
+        if out is not None:
+            return out
+
     def run_fla():
         return fla_function()(q=qg, k=kg, w=w, gk=g2, h0=h0, dht=dht, do=do, dv=dv,
                               scale=scale, chunk_size=chunk_size)

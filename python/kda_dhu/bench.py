@@ -133,7 +133,20 @@ def copy_bandwidth(device="cuda", nbytes=4 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def time_ms(fn, warmup=10, reps=50) -> float:
+# GPU cycles of the sleep kernel queued ahead of each timed call (~0.2 ms at the H200's
+# 1.98 GHz): longer than either side's host time per call, so that the call's work is
+# queued before its start event fires.
+QUEUE_AHEAD_CYCLES = 400_000
+
+
+def time_ms(fn, warmup=10, reps=50, queue_ahead=True) -> float:
+    """Median milliseconds of ``fn`` between two CUDA events, after ``warmup`` calls.
+
+    queue_ahead (the default): each timed call is queued behind a short sleep kernel, so
+    the events time the GPU work of the call (as a training step, whose host work
+    overlaps the GPU's, sees it), not the host's time to issue it. False: the GPU is idle
+    when each call starts, so the time is the call's latency, host time included (both
+    are recorded: see run_shape)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -141,6 +154,8 @@ def time_ms(fn, warmup=10, reps=50) -> float:
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
+        if queue_ahead:
+            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
         a.record()
         fn()
         b.record()
@@ -195,6 +210,9 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     ms_ours = time_ms(ours_fn)
     ms_fla = time_ms(lambda: fla_fn(**a))
     ms_ours2 = time_ms(ours_fn)
+    # latency: each call issued to an idle GPU, host time included
+    lat_ours = time_ms(ours_fn, reps=20, queue_ahead=False)
+    lat_fla = time_ms(lambda: fla_fn(**a), reps=20, queue_ahead=False)
     floor_ms = nbytes / (bw * 1e9) * 1e3
 
     names = ("dh", "dh0", "dv2")
@@ -214,6 +232,7 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
         "gate": gate, "varlen": lengths is not None, "state_v_first": svf,
         "path": "kernel-sm90a" if ok else f"fla ({reason})",
         "kda_dhu_ms": ms_ours, "kda_dhu_ms_repeat": ms_ours2, "fla_ms": ms_fla,
+        "kda_dhu_latency_ms": lat_ours, "fla_latency_ms": lat_fla,
         "floor_ms": floor_ms, "min_bytes": nbytes,
         "speedup_vs_fla": ms_fla / ms_ours, "over_floor": ms_ours / floor_ms,
         "fla_over_floor": ms_fla / floor_ms,
@@ -334,6 +353,7 @@ def main(argv=None) -> int:
         results.append(r)
         print(f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
               f"x{r['speedup_vs_fla']:.2f} vs fla  {r['over_floor']:.2f}x floor (fla {r['fla_over_floor']:.2f}x)  "
+              f"latency {r['kda_dhu_latency_ms']:.3f} / {r['fla_latency_ms']:.3f} ms  "
               f"err[{r['ref']}] dh {r['rel_err']['dh']:.2e} dv2 {r['rel_err']['dv2']:.2e} "
               f"dh0 {r['rel_err']['dh0']:.2e}  {r['path']}", flush=True)
     record = {

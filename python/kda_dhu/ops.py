@@ -42,6 +42,13 @@ def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
     numpy_bool = type(state_v_first).__module__ == "numpy" and type(state_v_first).__name__ in ("bool", "bool_")
     if not (isinstance(state_v_first, bool) or numpy_bool):
         raise TypeError(f"state_v_first: expected a bool, got {type(state_v_first).__name__}")
+    if type(scale) is float:
+        # The common case, and the one torch.compile traces: dynamo may pass a float
+        # argument as a symbolic float, on which neither the string tests below nor
+        # math.isfinite trace; the op's implementation checks finiteness at run time.
+        if not torch.compiler.is_compiling() and not math.isfinite(scale):
+            raise ValueError(f"scale: expected a finite float, got {scale}")
+        return scale, bool(state_v_first)
     kind = type(scale).__name__
     if isinstance(scale, (bool, complex, str, bytes, torch.Tensor)) or "complex" in kind:
         raise TypeError(f"scale: expected a float or None, got {kind}"
