@@ -150,18 +150,51 @@ def time_ms(fn, warmup=10, reps=50, queue_ahead=True) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if queue_ahead:
+        return statistics.median(_times_ms(fn, reps))
     times = []
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
-        if queue_ahead:
-            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
         a.record()
         fn()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+def time_interleaved(fn_a, fn_b, rounds=5, reps=10) -> tuple:
+    """(median ms of fn_a, of fn_b, of fn_a's second half of rounds) by ``time_ms``, the two
+    functions alternating in ``rounds`` rounds of ``reps`` timed calls each: a drift of
+    the machine (clocks, power, a neighbour) during the row falls on both sides alike.
+    The third figure (fn_a over the last rounds only) shows such a drift when it differs
+    from the first."""
+    a_times, b_times = [], []
+    for _ in range(rounds):
+        a_times.append(_times_ms(fn_a, reps))
+        b_times.append(_times_ms(fn_b, reps))
+    late = [t for ts in a_times[rounds // 2:] for t in ts]
+    flat = lambda xs: [t for ts in xs for t in ts]  # noqa: E731
+    return statistics.median(flat(a_times)), statistics.median(flat(b_times)), statistics.median(late)
+
+
+def _times_ms(fn, reps: int) -> list:
+    """``reps`` queued timings of fn (see time_ms), after two untimed calls."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
 
 
 def git_commit() -> str:
@@ -207,9 +240,7 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     NT_total = ours[0].shape[1]
     nbytes = floor_bytes(B, T, H, HV, K, V, NT_total, N, gate=gate)
 
-    ms_ours = time_ms(ours_fn)
-    ms_fla = time_ms(lambda: fla_fn(**a))
-    ms_ours2 = time_ms(ours_fn)
+    ms_ours, ms_fla, ms_ours2 = time_interleaved(ours_fn, lambda: fla_fn(**a))
     # latency: each call issued to an idle GPU, host time included
     lat_ours = time_ms(ours_fn, reps=20, queue_ahead=False)
     lat_fla = time_ms(lambda: fla_fn(**a), reps=20, queue_ahead=False)
