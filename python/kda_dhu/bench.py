@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -339,6 +340,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma-separated shape names")
     ap.add_argument("--out", default="", help="folder for <date>-<gpu>.json and latest.json")
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
+    ap.add_argument("--cooldown", type=float, default=2.0, help="idle seconds before each row (default 2)")
     ap.add_argument("--table", default="", metavar="JSON",
                     help="print the markdown table of a recorded run and exit (no GPU needed)")
     ap.add_argument("--plot", default="", metavar="PNG",
@@ -380,6 +382,10 @@ def main(argv=None) -> int:
     except ImportError:
         progress = rows
     for i, row in enumerate(progress):
+        # An idle pause before each row: at 5a4bf4a and c99b8b5 b8_t4096_h32 timed
+        # 0.644-0.653 ms right after prod8192's float64 reference (seconds of fp64 work on
+        # the GPU) and 0.575 ms in a run of its own (fla's time moved less).
+        time.sleep(args.cooldown)
         r = run_shape(row, bw, check_ref=not args.no_ref)
         results.append(r)
         print(f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
