@@ -45,3 +45,29 @@ def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "r.png"
     assert bench.plot(_record(), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reset_fla_autotune_clears_the_stage4_tuners():
+    """The bench forgets fla's tuned stage-4 configs before each row (and stops fla's disk
+    cache of them): a config left in an autotuner's cache is gone afterwards."""
+    pytest.importorskip("fla")
+    import fla.ops.common.chunk_delta_h as mod
+
+    from kda_dhu import bench
+
+    tuners = []
+    for obj in vars(mod).values():
+        for _ in range(4):
+            if obj is None:
+                break
+            if isinstance(getattr(obj, "cache", None), dict) and hasattr(obj, "configs"):
+                tuners.append(obj)
+            obj = getattr(obj, "fn", None)
+    if not tuners:
+        pytest.skip("this fla's stage-4 kernels have no Triton autotuner")
+    for t in tuners:
+        t.cache[("planted",)] = object()
+    assert bench.reset_fla_autotune() == len(tuners)
+    for t in tuners:
+        assert ("planted",) not in t.cache
+        assert getattr(t, "cache_results", False) is False

@@ -209,6 +209,33 @@ def git_commit() -> str:
         return "unknown"
 
 
+def reset_fla_autotune() -> int:
+    """Makes fla tune its stage-4 kernels again for the next shape; returns how many
+    Triton autotuners of ``fla.ops.common.chunk_delta_h`` were reset.
+
+    fla's autotune key for this kernel has no B or T (H, HV, K, V, BT, BV, gates, layout),
+    and fla keeps tuned configs on disk (``cache_results``): in one process a shape reuses
+    the config tuned on an earlier shape of the same heads. fla's time at b1_t65536_h32
+    moved between 1.69 ms (tuned on itself) and 2.7-2.8 ms (after prod8192) from one run
+    to the next. Each bench row starts with its own tuning instead, so fla is timed at its
+    best for every shape."""
+    import fla.ops.common.chunk_delta_h as mod
+
+    n = 0
+    for obj in list(vars(mod).values()):
+        for _ in range(4):  # Heuristics -> Autotuner -> JITFunction -> function
+            if obj is None:
+                break
+            cache = getattr(obj, "cache", None)
+            if isinstance(cache, dict) and hasattr(obj, "configs"):
+                cache.clear()
+                if hasattr(obj, "cache_results"):
+                    obj.cache_results = False
+                n += 1
+            obj = getattr(obj, "fn", None)
+    return n
+
+
 def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     """Time and check one shape; entry "extended" (fla's signature) or "b2a" (the seed's)."""
     import kda_dhu
@@ -219,6 +246,7 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     svf = name in STATE_V_FIRST
     a, lengths = row_inputs(row, seed)
     fla_fn = kda_dhu.fla_function()
+    reset_fla_autotune()
     if entry == "b2a":
         if svf:
             raise ValueError(f"{name}: kda_dhu_b2a cannot express state_v_first")
@@ -375,6 +403,9 @@ def main(argv=None) -> int:
     print(f"{gpu}  torch {torch.__version__}  fla {fla.__version__}  kda_dhu {kda_dhu.__version__} "
           f"({git_commit()})  copy bandwidth {bw:.0f} GB/s", flush=True)
     results = []
+    partial = os.path.join(args.out, "partial.json") if args.out else ""
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
     try:
         from tqdm import tqdm
 
@@ -388,6 +419,10 @@ def main(argv=None) -> int:
         time.sleep(args.cooldown)
         r = run_shape(row, bw, check_ref=not args.no_ref)
         results.append(r)
+        if args.out:  # the rows so far, should the run be cut short (never latest.json)
+            with open(partial, "w") as f:
+                json.dump({"gpu": gpu, "kda_dhu_commit": git_commit(), "copy_bw_GBs": bw,
+                           "complete": False, "rows": results}, f, indent=1)
         print(f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
               f"x{r['speedup_vs_fla']:.2f} vs fla  {r['over_floor']:.2f}x floor (fla {r['fla_over_floor']:.2f}x)  "
               f"latency {r['kda_dhu_latency_ms']:.3f} / {r['fla_latency_ms']:.3f} ms  "
@@ -399,6 +434,8 @@ def main(argv=None) -> int:
         "rows": results,
     }
     if args.out:
+        if os.path.exists(partial):
+            os.remove(partial)
         write_record(record, args.out, markdown_table(record))
         plot(record, os.path.join(args.out, "latest.png"))
     bad = [r["shape"] for r in results
