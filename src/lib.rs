@@ -388,15 +388,14 @@ fn py_launch(
     })
 }
 
-/// `new_empty`'s keyword arguments for dh0: {"dtype": torch.float32}, built once.
-fn float32_kwargs(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::PyDict>> {
-    static KW: pyo3::sync::PyOnceLock<Py<pyo3::types::PyDict>> = pyo3::sync::PyOnceLock::new();
-    KW.get_or_try_init(py, || -> PyResult<_> {
-        let d = pyo3::types::PyDict::new(py);
-        d.set_item("dtype", py.import("torch")?.getattr("float32")?)?;
-        Ok(d.unbind())
-    })
-    .map(|d| d.bind(py))
+/// `new_empty`'s keyword arguments for dh0, {"dtype": torch.float32}: a new dict each
+/// call (torch hands the dict itself to a TorchFunctionMode, which may change it).
+fn float32_kwargs(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    static F32: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    let f32 = F32.get_or_try_init(py, || -> PyResult<_> { Ok(py.import("torch")?.getattr("float32")?.unbind()) })?;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item(pyo3::intern!(py, "dtype"), f32.bind(py))?;
+    Ok(d)
 }
 
 /// torch's current CUDA stream of `ordinal` (the exchange API's, else torch.cuda's).
@@ -413,8 +412,8 @@ fn current_stream(py: Python<'_>, ordinal: i32) -> PyResult<u64> {
 /// torch (`q.new_empty` / `dv.new_empty`: the caching allocator, the inputs' device)
 /// and launches on torch's current stream of that device. Returns (dh, dh0 or None,
 /// dv2), or None where the caller must take the general path (the plan says fallback
-/// or another architecture, or q / dv is not a plain torch.Tensor). Raises as
-/// `prepare` for invalid input.
+/// or another architecture, or a tensor argument is not a plain torch.Tensor). Raises
+/// as `prepare` for invalid input.
 #[pyfunction]
 #[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, chunk_size=NOT_PASSED))]
 #[allow(clippy::too_many_arguments)]
@@ -434,12 +433,20 @@ fn py_run<'py>(
     state_v_first: Arg<'py>,
     chunk_size: Arg<'py>,
 ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+    // Plain torch tensors only, checked before anything is read: another object (a
+    // subclass, an array of another library) is read through its own __dlpack__, which
+    // the general path calls under the inputs' device (torch exports only from the
+    // current one), and the outputs are allocated with q's and dv's methods.
+    let plain = |t: Option<&Bound<'py, PyAny>>| t.is_none_or(|t| t.is_none() || tensor::is_plain_tensor(t));
+    if ![Some(q), Some(k), Some(w), Some(r#do), Some(dv), g, gk, h0, dht].into_iter().all(plain) {
+        return Ok(None);
+    }
     let (call, plan) = guard(|| {
         let rule = parse_rule(rule)?;
         let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, None, &chunk_size, None)?;
         launch::Prepared::new(a, rule)
     })?;
-    if !plan.runs_in_one_crossing() || !tensor::is_plain_tensor(q) || !tensor::is_plain_tensor(dv) {
+    if !plan.runs_in_one_crossing() {
         return Ok(None);
     }
     let d = &call.desc.dims;
@@ -448,7 +455,7 @@ fn py_run<'py>(
     let new_empty = pyo3::intern!(py, "new_empty");
     let dh = q.call_method1(new_empty, (dh_shape,))?;
     let dh0 = match &call.args.h0 {
-        Some(h) => Some(q.call_method(new_empty, (h.shape.clone(),), Some(float32_kwargs(py)?))?),
+        Some(h) => Some(q.call_method(new_empty, (h.shape.clone(),), Some(&float32_kwargs(py)?))?),
         None => None,
     };
     let dv2 = dv.call_method1(new_empty, ((d.b, d.t, d.hv, d.v),))?;

@@ -249,9 +249,16 @@ mod py {
     }
 
     /// torch's exchange API from its capsule, if this torch has one of a known layout
-    /// (DLPack major version 1, minor >= 3, the non-owning exporter present).
-    fn exchange_api(tensor_type: &Bound<'_, PyAny>) -> Option<Exchange> {
-        let cap = tensor_type.getattr("__dlpack_c_exchange_api__").ok()?;
+    /// (DLPack major version 1, minor >= 3, the non-owning exporter present). Taken from
+    /// torch's own `torch._C._dlpack_exchange_api()` where it exists (the class attribute
+    /// is a public slot another library could replace), else from
+    /// `torch.Tensor.__dlpack_c_exchange_api__`.
+    fn exchange_api(torch: &Bound<'_, PyModule>, tensor_type: &Bound<'_, PyAny>) -> Option<Exchange> {
+        let own = torch.getattr("_C").and_then(|c| c.getattr("_dlpack_exchange_api")).and_then(|f| f.call0());
+        let cap = match own {
+            Ok(cap) => cap,
+            Err(_) => tensor_type.getattr("__dlpack_c_exchange_api__").ok()?,
+        };
         let cap = cap.cast::<PyCapsule>().ok()?;
         let ptr = cap.pointer_checked(Some(c"dlpack_exchange_api")).ok()?;
         // SAFETY: a "dlpack_exchange_api" capsule holds a DLPackExchangeAPI that lives as
@@ -281,7 +288,7 @@ mod py {
             .get_or_try_init(py, || -> PyResult<Torch> {
                 let torch = py.import("torch")?;
                 let tensor = torch.getattr("Tensor")?;
-                let exchange = if std::env::var_os("KDA_DHU_NO_EXCHANGE_API").is_some() { None } else { exchange_api(&tensor) };
+                let exchange = if std::env::var_os("KDA_DHU_NO_EXCHANGE_API").is_some() { None } else { exchange_api(&torch, &tensor) };
                 Ok(Torch {
                     tensor: tensor.cast_into::<PyType>()?.unbind(),
                     parameter: torch.getattr("nn")?.getattr("Parameter")?.cast_into::<PyType>()?.unbind(),

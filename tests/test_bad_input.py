@@ -808,3 +808,46 @@ def test_bool_chunk_size_is_refused_as_the_custom_op_refuses_it():
         kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "chunk_size": True})
     ok, reason = kda_dhu.plan_call(**{**call(), "chunk_size": True})
     assert not ok and reason == "TypeError: chunk_size: expected an int, got bool"
+
+
+# ------------------------------------------------------- the one-crossing path (_core.run)
+
+def test_run_hands_back_non_plain_tensors_before_reading_them():
+    """_core.run (the eager entry points' path without cu_seqlens) reads plain torch
+    tensors only: any other object, a subclass included, goes back to the general path
+    (None) before its __dlpack__ is called (the general path calls it under the inputs'
+    device). Plain CPU tensors are read, and refused at the device check."""
+    from kda_dhu import _core
+
+    calls = []
+
+    class Recording(torch.Tensor):
+        def __dlpack__(self, *args, **kwargs):
+            calls.append("dlpack")
+            return super().__dlpack__(*args, **kwargs)
+
+    a = call()
+    pos = [a.get(n) for n in ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")]
+    for i in range(len(pos)):
+        if pos[i] is None:
+            continue
+        odd = list(pos)
+        odd[i] = odd[i].as_subclass(Recording)
+        assert _core.run("extended", *odd, a.get("scale")) is None, i
+    assert calls == []
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+        _core.run("extended", *pos, a.get("scale"))
+
+
+@pytest.mark.parametrize("value,fast", [(None, True), ("", True), ("0", True), (" Auto ", True),
+                                        ("fla", False), ("kernel", False), ("bogus", False)])
+def test_fast_path_only_when_force_reads_as_unset(monkeypatch, value, fast):
+    """KDA_DHU_FORCE values that _force reads as unset keep the one-crossing path; "fla",
+    "kernel" and invalid values (which _force refuses by name) take the general path."""
+    from kda_dhu import _dispatch
+
+    if value is None:
+        monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_dispatch.FORCE_ENV, value)
+    assert _dispatch._fast_path() is fast

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import kda_dhu
+from kda_dhu import _dispatch
 from helpers import make_inputs
 
 pytestmark = pytest.mark.gpu
@@ -414,6 +415,34 @@ def test_the_callers_current_stream_orders_the_call(rng, case):
 
 # ------------------------------------------------------------------- 4. devices
 
+class _Sub(torch.Tensor):
+    pass
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("subclass", [False, True])
+def test_one_crossing_path_on_cuda1_while_current_device_is_cuda0(rng, monkeypatch, subclass):
+    """KDA_DHU_FORCE unset, inputs on cuda:1, cuda:0 current: the eager entry point (the
+    one-crossing path for plain tensors; the general path, under cuda:1, for a subclass
+    input, whose __dlpack__ exports only from the current device) returns outputs on
+    cuda:1, bitwise the poisoned kernel run on cuda:0. < 1 s."""
+    monkeypatch.delenv("KDA_DHU_FORCE", raising=False)
+    args0 = _case("dense_gk", rng, device="cuda:0")
+    args1 = _to(args0, "cuda:1")
+    if subclass:
+        args1["k"] = args1["k"].as_subclass(_Sub)
+    with torch.cuda.device(0):
+        on0 = _kernel_poisoned(args0)
+        got = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**args1)
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    for name, x in zip(NAMES, got):
+        if x is not None:
+            assert x.device == torch.device("cuda", 1), f"{name} on {x.device}"
+    _assert_outputs_bitwise(got, on0, f"dense_gk (subclass={subclass}): cuda:1 vs cuda:0")
+
+
 @needs_two_gpus
 @pytest.mark.parametrize("case", ["dense_gk", "varlen_padded_g", "gva_gk"])
 def test_inputs_on_cuda1_while_current_device_is_cuda0(rng, monkeypatch, case):
@@ -622,6 +651,33 @@ def test_cuda_graph_replay_equals_eager(rng, monkeypatch, entry, case):
     torch.cuda.synchronize()
     _assert_outputs_bitwise(outs, eager_fresh, f"{case} {entry}: replay on new inputs")
     assert not torch.equal(_bits(eager_fresh[0]), _bits(eager_static[0])), "inputs did not change"
+
+
+@pytest.mark.parametrize("case", ["dense_gk", "dense_g_tail"])
+def test_cuda_graph_replay_through_the_one_crossing_path(rng, monkeypatch, case):
+    """KDA_DHU_FORCE unset: the eager entry point takes _core.run (the general path is
+    made to fail), under capture too (outputs from the graph's pool, the capture
+    stream); replay equals eager, on the static inputs and on new ones (bitwise). < 1 s."""
+    monkeypatch.delenv("KDA_DHU_FORCE", raising=False)
+    static = _case(case, rng)
+    fresh = _case(case, rng)
+    assert kda_dhu.plan_call(**static)[0], "the extended rule sends this case to fla"
+
+    def no_general_path(*a, **kw):
+        raise AssertionError("the general path ran")
+
+    monkeypatch.setattr(_dispatch, "_prepare", no_general_path)
+    call = kda_dhu.chunk_gated_delta_rule_bwd_dhu
+    eager_static = call(**static)
+    eager_fresh = call(**fresh)
+    graph, outs = _capture(lambda: call(**static))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_outputs_bitwise(outs, eager_static, f"{case}: replay")
+    _copy_inputs(static, fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_outputs_bitwise(outs, eager_fresh, f"{case}: replay on new inputs")
 
 
 @pytest.mark.parametrize("via", ["kda_dhu", "fla_dispatch"])

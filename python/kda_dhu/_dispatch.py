@@ -141,7 +141,10 @@ def _fast_path() -> bool:
     crossing into Rust (read, validate, plan, allocate, launch; issue #7). Not under
     KDA_DHU_FORCE (whose rules the general path applies); ``_core.run`` itself hands
     back to the general path whatever is not the verified sm_90a kernel."""
-    return _core is not None and _read_force() is None
+    if _core is None:
+        return False
+    raw = _read_force()
+    return raw is None or raw.strip().lower() in ("", "0", "auto")  # what _force reads as unset
 
 
 def _default_scale(q, scale: Optional[float]) -> Optional[float]:
