@@ -153,6 +153,7 @@ def main(argv=None) -> int:
         print(f"  {name:<20} {us:8.2f} us")
     if info is not None:
         print(f"  TMA descriptor cache: {info}")
+    print(f"  DLPack intake: {_core.dlpack_intake()}")
     return 0
 
 

@@ -469,6 +469,14 @@ fn py_run<'py>(
     Ok(Some(pyo3::types::PyTuple::new(py, [dh, dh0, dv2])?))
 }
 
+/// How torch tensors are read: "exchange" (DLPack's C exchange API, torch >= 2.10),
+/// "capsule" (torch.utils.dlpack.to_dlpack; KDA_DHU_NO_EXCHANGE_API=1 forces it), or
+/// "none" while torch is not imported.
+#[pyfunction]
+fn dlpack_intake(py: Python<'_>) -> &'static str {
+    tensor::intake(py)
+}
+
 /// The TMA descriptor cache: {"hits", "misses", "evictions", "size", "capacity"}.
 #[pyfunction]
 fn tma_cache_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -519,6 +527,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;
     m.add_class::<PyPrepared>()?;
     m.add_function(wrap_pyfunction!(tma_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(tma_cache_clear, m)?)?;

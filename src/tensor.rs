@@ -211,7 +211,7 @@ pub fn fmt_shape(shape: &[i64]) -> String {
 }
 
 /// DLPack intake (the only PyO3 code outside lib.rs).
-pub use py::{current_cuda_stream, is_plain_tensor};
+pub use py::{current_cuda_stream, intake, is_plain_tensor};
 
 mod py {
     use super::*;
@@ -484,6 +484,16 @@ mod py {
         }
         // SAFETY: filled by the exporter (a zeroed DLTensor is also a valid one).
         meta_of(unsafe { dl.assume_init_ref() }, arg)
+    }
+
+    /// How torch tensors are read: "exchange" (DLPack's C exchange API), "capsule"
+    /// (torch.utils.dlpack.to_dlpack), or "none" while torch is not imported.
+    pub fn intake(py: Python<'_>) -> &'static str {
+        match torch(py) {
+            Some(t) if t.exchange.is_some() => "exchange",
+            Some(_) => "capsule",
+            None => "none",
+        }
     }
 
     /// Exactly a torch.Tensor (not a subclass, whose methods could return the subclass).

@@ -851,3 +851,20 @@ def test_fast_path_only_when_force_reads_as_unset(monkeypatch, value, fast):
     else:
         monkeypatch.setenv(_dispatch.FORCE_ENV, value)
     assert _dispatch._fast_path() is fast
+
+
+def test_dlpack_intake_is_the_exchange_api_where_torch_has_one():
+    """torch >= 2.10 offers DLPack's C exchange API: tensors are read through it (no
+    capsules); KDA_DHU_NO_EXCHANGE_API=1 selects the capsule path, which reads the same."""
+    from kda_dhu import _core
+
+    _core.validate(**call())  # torch imported and read at least once
+    has_api = hasattr(torch._C, "_dlpack_exchange_api") or hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    assert _core.dlpack_intake() == ("exchange" if has_api else "capsule")
+    code = ("import torch, kda_dhu; from kda_dhu import _core; "
+            "_core.validate(*[torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)] * 5); "
+            "print(_core.dlpack_intake())")
+    env = dict(os.environ, KDA_DHU_NO_EXCHANGE_API="1", KDA_DHU_NO_AUTOREGISTER="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "capsule"
