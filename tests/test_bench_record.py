@@ -51,18 +51,7 @@ def test_reset_fla_autotune_clears_the_stage4_tuners():
     """The bench forgets fla's tuned stage-4 configs before each row (and stops fla's disk
     cache of them): a config left in an autotuner's cache is gone afterwards."""
     pytest.importorskip("fla")
-    import fla.ops.common.chunk_delta_h as mod
-
-    from kda_dhu import bench
-
-    tuners = []
-    for obj in vars(mod).values():
-        for _ in range(4):
-            if obj is None:
-                break
-            if isinstance(getattr(obj, "cache", None), dict) and hasattr(obj, "configs"):
-                tuners.append(obj)
-            obj = getattr(obj, "fn", None)
+    tuners = bench.fla_stage4_autotuners()
     if not tuners:
         pytest.skip("this fla's stage-4 kernels have no Triton autotuner")
     for t in tuners:

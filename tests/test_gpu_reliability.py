@@ -629,6 +629,23 @@ def _copy_inputs(dst: dict, src: dict) -> None:
             dst[k].copy_(v)
 
 
+def _replay_equals_eager(call, static: dict, fresh: dict, what: str):
+    """Eager on ``static`` and on ``fresh``; one call on ``static`` captured; its replay is
+    bitwise the eager result, and again after ``fresh`` is copied into ``static``.
+    Returns the two eager results."""
+    eager_static = call(**static)
+    eager_fresh = call(**fresh)
+    graph, outs = _capture(lambda: call(**static))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_outputs_bitwise(outs, eager_static, f"{what}: replay")
+    _copy_inputs(static, fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_outputs_bitwise(outs, eager_fresh, f"{what}: replay on new inputs")
+    return eager_static, eager_fresh
+
+
 @pytest.mark.parametrize("entry", ["function", "op"])
 @pytest.mark.parametrize("case", ["dense_gk", "dense_g_tail", "gva_none_tail"])
 def test_cuda_graph_replay_equals_eager(rng, monkeypatch, entry, case):
@@ -640,16 +657,7 @@ def test_cuda_graph_replay_equals_eager(rng, monkeypatch, entry, case):
             else kda_dhu.chunk_gated_delta_rule_bwd_dhu_op)
     static = _case(case, rng)
     fresh = _case(case, rng)
-    eager_static = call(**static)
-    eager_fresh = call(**fresh)
-    graph, outs = _capture(lambda: call(**static))
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_outputs_bitwise(outs, eager_static, f"{case} {entry}: replay")
-    _copy_inputs(static, fresh)
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_outputs_bitwise(outs, eager_fresh, f"{case} {entry}: replay on new inputs")
+    eager_static, eager_fresh = _replay_equals_eager(call, static, fresh, f"{case} {entry}")
     assert not torch.equal(_bits(eager_fresh[0]), _bits(eager_static[0])), "inputs did not change"
 
 
@@ -667,17 +675,7 @@ def test_cuda_graph_replay_through_the_one_crossing_path(rng, monkeypatch, case)
         raise AssertionError("the general path ran")
 
     monkeypatch.setattr(_dispatch, "_prepare", no_general_path)
-    call = kda_dhu.chunk_gated_delta_rule_bwd_dhu
-    eager_static = call(**static)
-    eager_fresh = call(**fresh)
-    graph, outs = _capture(lambda: call(**static))
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_outputs_bitwise(outs, eager_static, f"{case}: replay")
-    _copy_inputs(static, fresh)
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_outputs_bitwise(outs, eager_fresh, f"{case}: replay on new inputs")
+    _replay_equals_eager(kda_dhu.chunk_gated_delta_rule_bwd_dhu, static, fresh, case)
 
 
 @pytest.mark.parametrize("via", ["kda_dhu", "fla_dispatch"])

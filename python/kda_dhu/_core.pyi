@@ -123,6 +123,32 @@ def prepare(
     path of kda_dhu's entry points: one read and validation of the inputs per call.
     Raises as ``plan``."""
 
+def run(
+    rule: str,
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Optional[Tensor] = None,
+    gk: Optional[Tensor] = None,
+    h0: Optional[Tensor] = None,
+    dht: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    state_v_first: bool = False,
+    chunk_size: int = 64,
+) -> Optional[Tuple[Tensor, Optional[Tensor], Tensor]]:
+    """The kernel path in one call, without cu_seqlens: read, validate and plan as
+    ``prepare``; where the plan under ``rule`` is the verified sm_90a kernel, allocate
+    (dh, dh0 or None, dv2) with torch on the inputs' device and launch on its current
+    stream. None where the caller takes the general path (fallback or sm_100a plan, or
+    a tensor argument that is not a plain torch.Tensor). Raises as ``prepare``."""
+
+def dlpack_intake() -> str:
+    """How torch tensors are read: "exchange" (DLPack's C exchange API), "capsule"
+    (torch.utils.dlpack.to_dlpack; KDA_DHU_NO_EXCHANGE_API=1), or "none" before torch
+    is imported."""
+
 def launch(
     q: Tensor,
     k: Tensor,

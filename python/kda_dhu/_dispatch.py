@@ -65,6 +65,8 @@ def _env_reader(name: str):
 
 
 _read_force = _env_reader(FORCE_ENV)
+# KDA_DHU_FORCE values that mean "unset" (as no variable at all)
+_FORCE_UNSET = ("", "0", "auto")
 
 # torch's current raw stream of a device, as an int: what
 # ``torch.cuda.current_stream(device).cuda_stream`` returns, without building a Stream
@@ -123,7 +125,7 @@ def _force() -> Optional[str]:
     if raw is None:
         return None
     value = raw.strip().lower()
-    if value in ("", "0", "auto"):
+    if value in _FORCE_UNSET:
         return None
     if value not in ("kernel", "fla"):
         # Raised on a direct call; through fla's backend the verifier would swallow it,
@@ -144,7 +146,7 @@ def _fast_path() -> bool:
     if _core is None:
         return False
     raw = _read_force()
-    return raw is None or raw.strip().lower() in ("", "0", "auto")  # what _force reads as unset
+    return raw is None or raw.strip().lower() in _FORCE_UNSET
 
 
 def _default_scale(q, scale: Optional[float]) -> Optional[float]:

@@ -209,9 +209,25 @@ def git_commit() -> str:
         return "unknown"
 
 
+def fla_stage4_autotuners() -> list:
+    """The Triton autotuners of fla's stage-4 module (``fla.ops.common.chunk_delta_h``),
+    found under its kernels' decorators (Heuristics -> Autotuner -> JITFunction)."""
+    import fla.ops.common.chunk_delta_h as mod
+
+    found = []
+    for obj in list(vars(mod).values()):
+        for _ in range(4):
+            if obj is None:
+                break
+            if isinstance(getattr(obj, "cache", None), dict) and hasattr(obj, "configs"):
+                found.append(obj)
+            obj = getattr(obj, "fn", None)
+    return found
+
+
 def reset_fla_autotune() -> int:
     """Makes fla tune its stage-4 kernels again for the next shape; returns how many
-    Triton autotuners of ``fla.ops.common.chunk_delta_h`` were reset.
+    Triton autotuners were reset.
 
     fla's autotune key for this kernel has no B or T (H, HV, K, V, BT, BV, gates, layout),
     and fla keeps tuned configs on disk (``cache_results``): in one process a shape reuses
@@ -219,21 +235,12 @@ def reset_fla_autotune() -> int:
     moved between 1.69 ms (tuned on itself) and 2.7-2.8 ms (after prod8192) from one run
     to the next. Each bench row starts with its own tuning instead, so fla is timed at its
     best for every shape."""
-    import fla.ops.common.chunk_delta_h as mod
-
-    n = 0
-    for obj in list(vars(mod).values()):
-        for _ in range(4):  # Heuristics -> Autotuner -> JITFunction -> function
-            if obj is None:
-                break
-            cache = getattr(obj, "cache", None)
-            if isinstance(cache, dict) and hasattr(obj, "configs"):
-                cache.clear()
-                if hasattr(obj, "cache_results"):
-                    obj.cache_results = False
-                n += 1
-            obj = getattr(obj, "fn", None)
-    return n
+    tuners = fla_stage4_autotuners()
+    for t in tuners:
+        t.cache.clear()
+        if hasattr(t, "cache_results"):
+            t.cache_results = False
+    return len(tuners)
 
 
 def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):

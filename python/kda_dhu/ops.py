@@ -42,24 +42,23 @@ def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
     numpy_bool = type(state_v_first).__module__ == "numpy" and type(state_v_first).__name__ in ("bool", "bool_")
     if not (isinstance(state_v_first, bool) or numpy_bool):
         raise TypeError(f"state_v_first: expected a bool, got {type(state_v_first).__name__}")
+    # A Python float is the common case and the one torch.compile traces: dynamo may pass
+    # it as a symbolic float, on which neither the string tests below nor math.isfinite
+    # trace (the op's implementation checks finiteness when the graph runs).
     if type(scale) is float:
-        # The common case, and the one torch.compile traces: dynamo may pass a float
-        # argument as a symbolic float, on which neither the string tests below nor
-        # math.isfinite trace; the op's implementation checks finiteness at run time.
-        if not torch.compiler.is_compiling() and not math.isfinite(scale):
-            raise ValueError(f"scale: expected a finite float, got {scale}")
-        return scale, bool(state_v_first)
-    kind = type(scale).__name__
-    if isinstance(scale, (bool, complex, str, bytes, torch.Tensor)) or "complex" in kind:
-        raise TypeError(f"scale: expected a float or None, got {kind}"
-                        + (" (the custom op takes a Python or numpy float)" if isinstance(scale, torch.Tensor) else ""))
-    try:
-        value = float(scale)
-    except OverflowError:
-        raise ValueError(f"scale: expected a finite float, got {kind} (too large for float64)") from None
-    except (TypeError, ValueError):
-        raise TypeError(f"scale: expected a float or None, got {kind}") from None
-    if not math.isfinite(value):
+        value = scale
+    else:
+        kind = type(scale).__name__
+        if isinstance(scale, (bool, complex, str, bytes, torch.Tensor)) or "complex" in kind:
+            raise TypeError(f"scale: expected a float or None, got {kind}"
+                            + (" (the custom op takes a Python or numpy float)" if isinstance(scale, torch.Tensor) else ""))
+        try:
+            value = float(scale)
+        except OverflowError:
+            raise ValueError(f"scale: expected a finite float, got {kind} (too large for float64)") from None
+        except (TypeError, ValueError):
+            raise TypeError(f"scale: expected a float or None, got {kind}") from None
+    if not torch.compiler.is_compiling() and not math.isfinite(value):
         raise ValueError(f"scale: expected a finite float, got {value}")
     return value, bool(state_v_first)
 
