@@ -251,14 +251,18 @@ mod py {
     /// torch's exchange API from its capsule, if this torch has one of a known layout
     /// (DLPack major version 1, minor >= 3, the non-owning exporter present). Taken from
     /// torch's own `torch._C._dlpack_exchange_api()` where it exists (the class attribute
-    /// is a public slot another library could replace), else from
-    /// `torch.Tensor.__dlpack_c_exchange_api__`.
+    /// is a public slot another library could replace), else (missing, or not a capsule of
+    /// a known layout) from `torch.Tensor.__dlpack_c_exchange_api__`.
     fn exchange_api(torch: &Bound<'_, PyModule>, tensor_type: &Bound<'_, PyAny>) -> Option<Exchange> {
         let own = torch.getattr("_C").and_then(|c| c.getattr("_dlpack_exchange_api")).and_then(|f| f.call0());
-        let cap = match own {
-            Ok(cap) => cap,
-            Err(_) => tensor_type.getattr("__dlpack_c_exchange_api__").ok()?,
-        };
+        // torch's own capsule first; the class attribute where that is missing or unusable.
+        own.ok()
+            .and_then(|cap| exchange_from_capsule(&cap))
+            .or_else(|| exchange_from_capsule(&tensor_type.getattr("__dlpack_c_exchange_api__").ok()?))
+    }
+
+    /// The exchange API held by a "dlpack_exchange_api" capsule, if of a known layout.
+    fn exchange_from_capsule(cap: &Bound<'_, PyAny>) -> Option<Exchange> {
         let cap = cap.cast::<PyCapsule>().ok()?;
         let ptr = cap.pointer_checked(Some(c"dlpack_exchange_api")).ok()?;
         // SAFETY: a "dlpack_exchange_api" capsule holds a DLPackExchangeAPI that lives as

@@ -868,3 +868,31 @@ def test_dlpack_intake_is_the_exchange_api_where_torch_has_one():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "capsule"
+
+
+@pytest.mark.skipif(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+                    reason="this torch has no class-level DLPack exchange API")
+@pytest.mark.parametrize("own", ["missing", "not_a_capsule", "raises"])
+def test_dlpack_intake_falls_back_to_the_class_attribute(own):
+    """Where torch._C._dlpack_exchange_api is missing, returns something else or raises,
+    the exchange API still comes from torch.Tensor.__dlpack_c_exchange_api__, and the
+    tensors read through it are the same."""
+    patch = {
+        "missing": "del torch._C._dlpack_exchange_api" if hasattr(torch._C, "_dlpack_exchange_api") else "pass",
+        "not_a_capsule": "torch._C._dlpack_exchange_api = lambda: 42",
+        "raises": "torch._C._dlpack_exchange_api = lambda: 1 / 0",
+    }[own]
+    code = ("import torch\n"
+            f"{patch}\n"
+            "import kda_dhu; from kda_dhu import _core\n"
+            "t = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)\n"
+            "try:\n"
+            "    _core.validate(t, t, t, t, t)\n"
+            "except ValueError as e:\n"
+            "    assert 'expected a CUDA tensor' in str(e), e\n"
+            "print(_core.dlpack_intake())")
+    env = dict(os.environ, KDA_DHU_NO_AUTOREGISTER="1")
+    env.pop("KDA_DHU_NO_EXCHANGE_API", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "exchange"
