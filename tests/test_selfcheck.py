@@ -117,3 +117,58 @@ def test_sm90_plans_are_not_checked(monkeypatch):
     monkeypatch.setattr(_dispatch, "fla_function", no_fla)
     q = torch.zeros(1, 64, 1, 8, dtype=torch.bfloat16)
     assert _dispatch.chunk_gated_delta_rule_bwd_dhu(q, q, q, q, q) is ours
+
+
+def test_driver_error_on_first_call_warns_disables_and_returns_fla(monkeypatch):
+    """A RuntimeError from the kernel's first call of a signature (a driver error: image
+    not loading, launch refused) switches the kernel off and returns fla's result."""
+    monkeypatch.delenv("KDA_DHU_SM100_TRUSTED", raising=False)
+    chk = SelfCheck("test")
+    fla = Counter(_outs(2))
+    calls = []
+
+    def failing_kernel():
+        calls.append(1)
+        raise RuntimeError("cuModuleLoadData: CUDA_ERROR_NO_BINARY_FOR_GPU")
+
+    with pytest.warns(RuntimeWarning, match="failed on its first call of sig.*NO_BINARY_FOR_GPU"):
+        out = chk.run("sig", failing_kernel, fla)
+    assert out is fla.result and fla.calls == 1
+    assert "NO_BINARY_FOR_GPU" in chk.disabled_reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, the kernel not tried again
+        assert chk.run("other", failing_kernel, fla) is fla.result
+    assert len(calls) == 1 and fla.calls == 2
+
+
+def test_errors_that_are_not_the_kernels_propagate(monkeypatch):
+    """Out of memory (the caller's), bad input (ValueError) and any error of a checked or
+    trusted signature reach the caller; the kernel stays on."""
+    monkeypatch.delenv("KDA_DHU_SM100_TRUSTED", raising=False)
+    fla = Counter(_outs(3))
+    for exc in (torch.cuda.OutOfMemoryError("CUDA out of memory"), ValueError("q: expected ...")):
+        chk = SelfCheck("test")
+
+        def kernel(exc=exc):
+            raise exc
+
+        with pytest.raises(type(exc)):
+            chk.run("sig", kernel, fla)
+        assert chk.disabled_reason is None
+    chk = SelfCheck("test")
+    good = _outs(4)
+    state = {"fail": False}
+
+    def flaky():
+        if state["fail"]:
+            raise RuntimeError("later failure")
+        return good
+
+    chk.run("sig", flaky, Counter(tuple(x.clone() for x in good)))
+    state["fail"] = True
+    with pytest.raises(RuntimeError, match="later failure"):
+        chk.run("sig", flaky, fla)  # a checked signature: not swapped for fla silently
+    monkeypatch.setenv("KDA_DHU_SM100_TRUSTED", "1")
+    with pytest.raises(RuntimeError, match="later failure"):
+        chk.run("new", flaky, fla)
+    assert chk.disabled_reason is None

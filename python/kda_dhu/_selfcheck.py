@@ -3,8 +3,9 @@
 No Blackwell GPU was reachable when kda-dhu's sm_100a kernel was written, so on such a
 device the dispatcher trusts it only after checking it: the first call of each shape
 signature runs both the kernel and fla's function and compares every output. A
-mismatch logs one warning, switches the kernel off for the rest of the process, and
-returns fla's result; a match lets later calls of that signature run the kernel alone.
+mismatch, or a driver error (RuntimeError) from that first kernel call, logs one warning,
+switches the kernel off for the rest of the process, and returns fla's result; a match
+lets later calls of that signature run the kernel alone.
 ``KDA_DHU_SM100_TRUSTED=1`` skips the check (for users who have validated the kernel).
 """
 
@@ -76,21 +77,36 @@ class SelfCheck:
             return fla_fn()
         if signature in self.checked:
             return kernel_fn()
-        ours = kernel_fn()
+        try:
+            ours = kernel_fn()
+        except torch.cuda.OutOfMemoryError:
+            raise  # the caller's memory, not the kernel: fla would need the same outputs
+        except RuntimeError as e:
+            # A driver error on the kernel's first call of this signature (its image not
+            # loading, a launch configuration the device refuses): fla runs instead. An
+            # error that leaves the CUDA context unusable fails fla's call too, and shows.
+            self._disable(signature, f"raised {type(e).__name__}: {e}", "failed on")
+            return fla_fn()
         theirs = fla_fn()
         ok, detail = compare_outputs(ours, theirs)
-        with self._lock:
-            if ok:
+        if ok:
+            with self._lock:
                 self.checked.add(signature)
-                return ours
-            if self.disabled_reason is None:
-                self.disabled_reason = f"{signature}: {detail}"
-                warnings.warn(
-                    f"kda_dhu: the {self.label} kernel disagreed with fla on its first call of "
-                    f"{signature} ({detail}); it is switched off for this process and fla's "
-                    f"results are used. Please report this. ({self.trust_env}=1 skips this check.)",
-                    RuntimeWarning, stacklevel=3)
+            return ours
+        self._disable(signature, detail, "disagreed with fla on")
         return theirs
+
+    def _disable(self, signature: Hashable, detail: str, what: str) -> None:
+        """Switches the kernel off for the process; warns once (the first reason)."""
+        with self._lock:
+            if self.disabled_reason is not None:
+                return
+            self.disabled_reason = f"{signature}: {detail}"
+        warnings.warn(
+            f"kda_dhu: the {self.label} kernel {what} its first call of {signature} ({detail}); "
+            f"it is switched off for this process and fla's results are used. Please report "
+            f"this. ({self.trust_env}=1 skips this check.)",
+            RuntimeWarning, stacklevel=4)
 
 
 def signature_of(*tensors, **flags) -> tuple:
