@@ -514,8 +514,9 @@ def test_force_env_is_read_at_every_call(monkeypatch):
     assert _dispatch._force() == "fla"
 
 
-def test_descriptor_cache_counters_after_a_clear():
-    """The cache says its counters and bound; a clear zeroes them (CPU or GPU)."""
+def test_descriptor_cache_starts_empty_with_its_bound():
+    """The cache's counters and bound as a CPU process sees them (nothing fills it without
+    a GPU; tests/test_gpu_host.py fills and clears it on one)."""
     _core.tma_cache_clear()
     info = _core.tma_cache_info()
     assert info == {"hits": 0, "misses": 0, "evictions": 0, "size": 0,

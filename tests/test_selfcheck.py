@@ -99,8 +99,15 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
         out = _dispatch.chunk_gated_delta_rule_bwd_dhu(q, q, q, q, q)
     assert out is good
     assert _dispatch.SM100_CHECK.disabled_reason is not None
-    # The seed's dispatcher shares the guard: the kernel stays off for it too.
-    out = _dispatch.kda_dhu_b2a(q, q, q, None, None, None, q, q, 1.0, 64)
+    # The seed's dispatcher shares the guard: the kernel stays off for it too (not run
+    # again, no second warning).
+    def no_kernel(*a, **k):
+        raise AssertionError("the kernel must stay off after the mismatch")
+
+    monkeypatch.setattr(_dispatch, "_run_kernel", no_kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = _dispatch.kda_dhu_b2a(q, q, q, None, None, None, q, q, 1.0, 64)
     assert out is good
 
 
