@@ -32,7 +32,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -862,13 +862,23 @@ def test_dlpack_intake_is_the_exchange_api_where_torch_has_one():
     _core.validate(**call())  # torch imported and read at least once
     has_api = hasattr(torch._C, "_dlpack_exchange_api") or hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
     assert _core.dlpack_intake() == ("exchange" if has_api else "capsule")
-    code = ("import torch, kda_dhu; from kda_dhu import _core; "
-            "_core.validate(*[torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)] * 5); "
+    assert _intake_in_a_new_process(KDA_DHU_NO_EXCHANGE_API="1") == "capsule"
+
+
+def _intake_in_a_new_process(prelude: str = "pass", **env) -> str:
+    """``_core.dlpack_intake()`` in a fresh interpreter (torch's exporter is looked up once
+    per process) after ``prelude`` ran with torch imported, under these extra variables;
+    KDA_DHU_NO_EXCHANGE_API only where given."""
+    code = ("import torch\n"
+            f"{prelude}\n"
+            "import kda_dhu; from kda_dhu import _core\n"
+            "_core.validate(*[torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)] * 5)\n"
             "print(_core.dlpack_intake())")
-    env = dict(os.environ, KDA_DHU_NO_EXCHANGE_API="1", KDA_DHU_NO_AUTOREGISTER="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    full = {k: v for k, v in os.environ.items() if k != "KDA_DHU_NO_EXCHANGE_API"}
+    full.update(KDA_DHU_NO_AUTOREGISTER="1", **env)
+    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "capsule"
+    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.skipif(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
@@ -876,24 +886,10 @@ def test_dlpack_intake_is_the_exchange_api_where_torch_has_one():
 @pytest.mark.parametrize("own", ["missing", "not_a_capsule", "raises"])
 def test_dlpack_intake_falls_back_to_the_class_attribute(own):
     """Where torch._C._dlpack_exchange_api is missing, returns something else or raises,
-    the exchange API still comes from torch.Tensor.__dlpack_c_exchange_api__, and the
-    tensors read through it are the same."""
+    the exchange API still comes from torch.Tensor.__dlpack_c_exchange_api__."""
     patch = {
         "missing": "del torch._C._dlpack_exchange_api" if hasattr(torch._C, "_dlpack_exchange_api") else "pass",
         "not_a_capsule": "torch._C._dlpack_exchange_api = lambda: 42",
         "raises": "torch._C._dlpack_exchange_api = lambda: 1 / 0",
     }[own]
-    code = ("import torch\n"
-            f"{patch}\n"
-            "import kda_dhu; from kda_dhu import _core\n"
-            "t = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)\n"
-            "try:\n"
-            "    _core.validate(t, t, t, t, t)\n"
-            "except ValueError as e:\n"
-            "    assert 'expected a CUDA tensor' in str(e), e\n"
-            "print(_core.dlpack_intake())")
-    env = dict(os.environ, KDA_DHU_NO_AUTOREGISTER="1")
-    env.pop("KDA_DHU_NO_EXCHANGE_API", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "exchange"
+    assert _intake_in_a_new_process(patch) == "exchange"

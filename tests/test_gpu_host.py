@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import statistics
-import threading
 import time
 import weakref
 
@@ -22,7 +21,7 @@ import torch
 
 import kda_dhu
 from kda_dhu import _core, _dispatch
-from helpers import make_inputs
+from helpers import make_inputs, run_in_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -288,24 +287,15 @@ def test_threads_share_the_cache_and_get_their_own_addresses(rng):
     serial = [[f(**a) for a in per_thread] for per_thread in inputs]
     torch.cuda.synchronize()
     got = [[None] * len(shapes) for _ in range(4)]
-    errors = []
 
     def worker(i):
-        try:
-            with torch.cuda.stream(torch.cuda.Stream()):
-                for _ in range(20):
-                    for j, a in enumerate(inputs[i]):
-                        got[i][j] = f(**a)
-                torch.cuda.current_stream().synchronize()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(20):
+                for j, a in enumerate(inputs[i]):
+                    got[i][j] = f(**a)
+            torch.cuda.current_stream().synchronize()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(worker, 4)
     for i in range(4):
         for j in range(len(shapes)):
             _assert_outputs_bitwise(got[i][j], serial[i][j], f"thread {i}, shape {j}")

@@ -419,6 +419,15 @@ class _Sub(torch.Tensor):
     pass
 
 
+def _synchronized_on_cuda1(outs):
+    """Both GPUs synchronized; every output (dh, dh0, dv2) that is not None on cuda:1."""
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    for name, x in zip(NAMES, outs):
+        if x is not None:
+            assert x.device == torch.device("cuda", 1), f"{name} on {x.device}"
+
+
 @needs_two_gpus
 @pytest.mark.parametrize("subclass", [False, True])
 def test_one_crossing_path_on_cuda1_while_current_device_is_cuda0(rng, monkeypatch, subclass):
@@ -435,11 +444,7 @@ def test_one_crossing_path_on_cuda1_while_current_device_is_cuda0(rng, monkeypat
         on0 = _kernel_poisoned(args0)
         got = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**args1)
         assert torch.cuda.current_device() == 0
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
-    for name, x in zip(NAMES, got):
-        if x is not None:
-            assert x.device == torch.device("cuda", 1), f"{name} on {x.device}"
+    _synchronized_on_cuda1(got)
     _assert_outputs_bitwise(got, on0, f"dense_gk (subclass={subclass}): cuda:1 vs cuda:0")
 
 
@@ -458,11 +463,7 @@ def test_inputs_on_cuda1_while_current_device_is_cuda0(rng, monkeypatch, case):
         assert torch.cuda.current_device() == 0, "the call changed the current device"
         poisoned1 = _kernel_poisoned(args1)
         assert torch.cuda.current_device() == 0
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
-    for name, x in zip(NAMES, got):
-        if x is not None:
-            assert x.device == torch.device("cuda", 1), f"{name} on {x.device}"
+    _synchronized_on_cuda1(got)
     _assert_outputs_bitwise(got, on0, f"{case}: cuda:1 vs cuda:0")
     _assert_outputs_bitwise(poisoned1, on0, f"{case}: poisoned cuda:1 vs cuda:0")
     with torch.cuda.device(1):

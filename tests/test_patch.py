@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-import threading
 import types
 
 import pytest
+from helpers import run_in_threads
 
 pytest.importorskip("fla.ops.common.chunk_delta_h")
 
@@ -183,24 +183,15 @@ def test_unpatch_leaves_a_foreign_rebinding_alone():
 
 def test_concurrent_patch_unpatch_ends_consistent():
     before = _snapshot()
-    errors: list[BaseException] = []
 
     def worker(i: int):
-        try:
-            for _ in range(20):
-                if i % 2:
-                    P.patch()
-                else:
-                    P.unpatch()
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
+        for _ in range(20):
+            if i % 2:
+                P.patch()
+            else:
+                P.unpatch()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(worker, 8)
     P.unpatch()
     _assert_same(before, _snapshot())
 
