@@ -35,15 +35,8 @@ const CUTLASS_HELP: &str = "install the CUTLASS headers wheel into the Python yo
 CUTLASS_DIR to a CUTLASS checkout (its include/ is used)";
 
 /// Flags shared by every architecture (the arch-specific -gencode is added per job).
-const NVCC_FLAGS: &[&str] = &[
-    "-O3",
-    "-std=c++17",
-    "--expt-relaxed-constexpr",
-    "-Xptxas",
-    "-v",
-    "-lineinfo",
-    "-DNDEBUG",
-];
+const NVCC_FLAGS: &[&str] =
+    &["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-v", "-lineinfo", "-DNDEBUG"];
 
 /// One source file to compile for one architecture.
 struct Job {
@@ -311,23 +304,13 @@ fn nvcc_version(nvcc: &Path) -> String {
             .unwrap_or("unknown version")
             .trim()
             .to_string(),
-        Ok(out) => panic!(
-            "{} --version failed: {}; {NVCC_HELP}",
-            nvcc.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ),
+        Ok(out) => panic!("{} --version failed: {}; {NVCC_HELP}", nvcc.display(), String::from_utf8_lossy(&out.stderr)),
         Err(e) => panic!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()),
     }
 }
 
 /// Compiles every job, `available_parallelism` at a time (CuTe-heavy files take minutes).
-fn compile_all(
-    jobs: &[Job],
-    nvcc: &Path,
-    cuda_dir: &Path,
-    cutlass_include: &Path,
-    out_dir: &Path,
-) -> Vec<Compiled> {
+fn compile_all(jobs: &[Job], nvcc: &Path, cuda_dir: &Path, cutlass_include: &Path, out_dir: &Path) -> Vec<Compiled> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(jobs.len().max(1));
     let next = Mutex::new(0usize);
     let results: Mutex<Vec<Result<Compiled, String>>> = Mutex::new(Vec::new());
@@ -378,9 +361,7 @@ fn compile_one(
     cmd.args(NVCC_FLAGS);
     cmd.arg("-I").arg(cuda_dir).arg("-I").arg(cutlass_include);
     cmd.arg("-o").arg(&cubin).arg(&job.src);
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()))?;
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()))?;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let _ = fs::write(&report_path, format!("{cmd:?}\n\n{stdout}{stderr}"));

@@ -72,58 +72,90 @@ import time
 import traceback
 
 import torch
-
 from kda_dhu.testing import BACKEND_ENV, KernelProbe, backend_mode  # noqa: F401  (backend_mode: the script's API)
 
 STAGE4 = "chunk_gated_delta_rule_bwd_dhu"
 BACKWARD_MODULE = "fla.ops.kda.chunk_bwd"  # the module whose STAGE4 global KDA's backward calls
 GRAD_NAMES = ("q", "k", "v", "g", "beta")
 COLUMNS = ("o",) + GRAD_NAMES
-MODES = ("fla", "kda_dhu", "fla_again")     # backend off, on, off again
+MODES = ("fla", "kda_dhu", "fla_again")  # backend off, on, off again
 VARIANTS = ("as_built", "i64")
 CASES = ("cut", "single", "aligned")
 # NCCL settings reported, never set
-NCCL_REPORT = ("NCCL_NVLS_ENABLE", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE",
-               "NCCL_IB_DISABLE", "NCCL_ALGO", "NCCL_PROTO", "NCCL_CUMEM_ENABLE", "NCCL_DEBUG")
+NCCL_REPORT = (
+    "NCCL_NVLS_ENABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_SHM_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_DEBUG",
+)
 
 EXIT_OK, EXIT_FAIL, EXIT_ENV = 0, 1, 2
 
 
 # ----------------------------------------------------------------------------- arguments
 
+
 def _csv(kind):
     def parse(text: str):
         return [kind(x) for x in text.split(",") if x.strip()]
+
     return parse
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--T", type=int, default=16384, help="total packed tokens (B = 1); divisible by the world size")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--T", type=int, default=16384, help="total packed tokens (B = 1); divisible by the world size"
+    )
     p.add_argument("--H", type=int, default=32, help="q/k heads")
     p.add_argument("--HV", type=int, default=None, help="v heads (default H; HV > H is GVA)")
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--V", type=int, default=128)
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    p.add_argument("--cases", type=_csv(str), default=list(CASES),
-                   help=f"comma list of {CASES}: cut = uneven sequences whose boundaries miss "
-                        "every rank boundary; single = one sequence over all ranks; aligned = a "
-                        "sequence boundary exactly at each rank boundary")
-    p.add_argument("--lengths", type=_csv(int), default=None,
-                   help="explicit sequence lengths for the 'cut' case (must sum to T)")
-    p.add_argument("--gate-normalizers", type=_csv(float), default=[1.0, 16.0],
-                   help="g = logsigmoid(N(0,1)) / n: 1 = fla's tests' strong decay, 16 = slow "
-                        "decay (the state gradient carries across the rank boundary)")
-    p.add_argument("--variants", type=_csv(str), default=list(VARIANTS),
-                   help=f"comma list of {VARIANTS}")
-    p.add_argument("--require-kernel", choices=("i64", "all", "none"), default="i64",
-                   help="settings in which kda-dhu's kernel must run with the backend on: "
-                        "i64 = one-GPU and CP[i64] (default); all = also CP[as_built]; none")
-    p.add_argument("--cu-dtype", choices=("int64", "int32"), default="int64",
-                   help="dtype of the one-GPU run's cu_seqlens (int32 = as fla's CP context builds "
-                        "them: with --variants as_built, Triton compiles fla's varlen kernels "
-                        "once, not twice)")
+    p.add_argument(
+        "--cases",
+        type=_csv(str),
+        default=list(CASES),
+        help=f"comma list of {CASES}: cut = uneven sequences whose boundaries miss "
+        "every rank boundary; single = one sequence over all ranks; aligned = a "
+        "sequence boundary exactly at each rank boundary",
+    )
+    p.add_argument(
+        "--lengths",
+        type=_csv(int),
+        default=None,
+        help="explicit sequence lengths for the 'cut' case (must sum to T)",
+    )
+    p.add_argument(
+        "--gate-normalizers",
+        type=_csv(float),
+        default=[1.0, 16.0],
+        help="g = logsigmoid(N(0,1)) / n: 1 = fla's tests' strong decay, 16 = slow "
+        "decay (the state gradient carries across the rank boundary)",
+    )
+    p.add_argument("--variants", type=_csv(str), default=list(VARIANTS), help=f"comma list of {VARIANTS}")
+    p.add_argument(
+        "--require-kernel",
+        choices=("i64", "all", "none"),
+        default="i64",
+        help="settings in which kda-dhu's kernel must run with the backend on: "
+        "i64 = one-GPU and CP[i64] (default); all = also CP[as_built]; none",
+    )
+    p.add_argument(
+        "--cu-dtype",
+        choices=("int64", "int32"),
+        default="int64",
+        help="dtype of the one-GPU run's cu_seqlens (int32 = as fla's CP context builds "
+        "them: with --variants as_built, Triton compiles fla's varlen kernels "
+        "once, not twice)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol-kda", type=float, default=1e-2, help="rel_fro bound, backend on vs off")
     p.add_argument("--tol-kda-max", type=float, default=5e-2, help="max_rel bound, backend on vs off")
@@ -131,12 +163,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tol-cp-max", type=float, default=1e-1, help="max_rel bound, CP vs one GPU")
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn when not under torchrun")
     p.add_argument("--nccl-timeout", type=float, default=480.0, help="process-group timeout, s")
-    p.add_argument("--out", default=os.environ.get("OUT") or None,
-                   help="directory for cp_check.json (default $OUT when set)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="CPU only: build inputs, split and re-gather them (fla's split metadata "
-                        "computed for every rank without a process group), exercise the metrics, "
-                        "the checks and the table; no GPU, no NCCL")
+    p.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or None,
+        help="directory for cp_check.json (default $OUT when set)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU only: build inputs, split and re-gather them (fla's split metadata "
+        "computed for every rank without a process group), exercise the metrics, "
+        "the checks and the table; no GPU, no NCCL",
+    )
     args = p.parse_args(argv)
     for c in args.cases:
         if c not in CASES:
@@ -156,6 +194,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- inputs
+
 
 def case_lengths(case: str, T: int, world_size: int, explicit=None) -> list:
     """Sequence lengths (summing to T) of a case.
@@ -242,7 +281,7 @@ def local_slice(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     if T % world_size:
         raise ValueError(f"T = {T} is not divisible by world_size = {world_size}")
     part = T // world_size
-    return t[:, rank * part:(rank + 1) * part].contiguous().clone()
+    return t[:, rank * part : (rank + 1) * part].contiguous().clone()
 
 
 def concat_pieces(pieces) -> torch.Tensor:
@@ -261,16 +300,20 @@ def i64_context(ctx):
 
 def context_meta(ctx) -> dict:
     return {
-        "cu_seqlens_local": ctx.cu_seqlens_cpu.tolist() if ctx.cu_seqlens_cpu is not None
+        "cu_seqlens_local": ctx.cu_seqlens_cpu.tolist()
+        if ctx.cu_seqlens_cpu is not None
         else ctx.cu_seqlens.tolist(),
         "dtype": str(ctx.cu_seqlens.dtype).replace("torch.", ""),
-        "is_first_rank": ctx.is_first_rank, "is_last_rank": ctx.is_last_rank,
-        "pre_num_ranks": ctx.pre_num_ranks, "post_num_ranks": ctx.post_num_ranks,
+        "is_first_rank": ctx.is_first_rank,
+        "is_last_rank": ctx.is_last_rank,
+        "pre_num_ranks": ctx.pre_num_ranks,
+        "post_num_ranks": ctx.post_num_ranks,
         "layout": ctx.layout,
     }
 
 
 # ----------------------------------------------------------------------------- metrics
+
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     """rel_fro = ||out - ref||_F / ||ref||_F and max_rel = max|out - ref| / max|ref| in float64
@@ -284,18 +327,25 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     d = o - r
     num, den = torch.linalg.vector_norm(d).item(), torch.linalg.vector_norm(r).item()
     mad, mar = d.abs().max().item() if d.numel() else 0.0, r.abs().max().item() if r.numel() else 0.0
-    return {"rel_fro": num / den if den > 0 else num,
-            "max_rel": mad / mar if mar > 0 else mad,
-            "max_abs": mad, "finite": True}
+    return {
+        "rel_fro": num / den if den > 0 else num,
+        "max_rel": mad / mar if mar > 0 else mad,
+        "max_abs": mad,
+        "finite": True,
+    }
 
 
 def comparison(name: str, kind: str, outs: dict, refs: dict) -> dict:
     """{'name', 'kind', 'metrics': {tensor: compare(...)}} over the names both dicts hold."""
-    return {"name": name, "kind": kind,
-            "metrics": {n: compare(outs[n], refs[n]) for n in COLUMNS if n in outs and n in refs}}
+    return {
+        "name": name,
+        "kind": kind,
+        "metrics": {n: compare(outs[n], refs[n]) for n in COLUMNS if n in outs and n in refs},
+    }
 
 
 # ----------------------------------------------------------------------------- checks
+
 
 def required_settings(require: str, variants) -> set:
     if require == "none":
@@ -329,28 +379,37 @@ def evaluate(rank_results: list, args) -> tuple:
                         continue
                     tf, tm = tols[c["kind"]]
                     if not (m["rel_fro"] <= tf and m["max_rel"] <= tm):
-                        failures.append(f"{where}: {c['name']}: {n} rel_fro {m['rel_fro']:.2e} "
-                                        f"(tol {tf:g}), max_rel {m['max_rel']:.2e} (tol {tm:g})")
+                        failures.append(
+                            f"{where}: {c['name']}: {n} rel_fro {m['rel_fro']:.2e} "
+                            f"(tol {tf:g}), max_rel {m['max_rel']:.2e} (tol {tm:g})"
+                        )
             for setting, modes in case["routing"].items():
                 for mode, r in modes.items():
                     if r["stage4_calls"] == 0:
-                        failures.append(f"{where}: {setting} {mode}: stage 4 never called by the "
-                                        "backward (another chunk_kda backend took the call?)")
+                        failures.append(
+                            f"{where}: {setting} {mode}: stage 4 never called by the "
+                            "backward (another chunk_kda backend took the call?)"
+                        )
                     if mode != "kda_dhu" and r["kernel_launches"]:
-                        failures.append(f"{where}: {setting} {mode}: kda-dhu's kernel ran "
-                                        f"{r['kernel_launches']} times with {BACKEND_ENV}=0")
+                        failures.append(
+                            f"{where}: {setting} {mode}: kda-dhu's kernel ran "
+                            f"{r['kernel_launches']} times with {BACKEND_ENV}=0"
+                        )
                 on = modes.get("kda_dhu")
                 if on is None:
                     continue
                 if on["kernel_launches"] != on["stage4_calls"]:
-                    msg = (f"{where}: {setting}: kda-dhu's kernel ran {on['kernel_launches']} times "
-                           f"for {on['stage4_calls']} stage-4 calls with the backend on; "
-                           f"verdicts: {on['verdicts']}")
+                    msg = (
+                        f"{where}: {setting}: kda-dhu's kernel ran {on['kernel_launches']} times "
+                        f"for {on['stage4_calls']} stage-4 calls with the backend on; "
+                        f"verdicts: {on['verdicts']}"
+                    )
                     (failures if setting in required else notes).append(msg)
     return failures, notes
 
 
 # ----------------------------------------------------------------------------- report
+
 
 def _cell(m):
     return "-" if m is None else f"{m['rel_fro']:.1e}/{m['max_rel']:.1e}"
@@ -359,19 +418,26 @@ def _cell(m):
 def format_case(case: dict, rank: int, metrics: bool = True) -> str:
     """One case of one rank: its contexts, a row per comparison (cells rel_fro/max_rel),
     the routing."""
-    lines = [f"rank {rank} {case['case']}: lengths {case['lengths']}, gate normalizer "
-             f"{case['gate_normalizer']:g}" + ("  (cells: rel_fro/max_rel)" if metrics else "")]
+    lines = [
+        f"rank {rank} {case['case']}: lengths {case['lengths']}, gate normalizer "
+        f"{case['gate_normalizer']:g}" + ("  (cells: rel_fro/max_rel)" if metrics else "")
+    ]
     for setting, meta in case.get("contexts", {}).items():
         lines.append(f"  {setting}: {meta}")
     if metrics:
         w = max([len(c["name"]) for c in case["comparisons"]] + [10])
         lines.append(f"  {'comparison':<{w}}  {'kind':<5}  " + "  ".join(f"{n:<15}" for n in COLUMNS))
         for c in case["comparisons"]:
-            lines.append(f"  {c['name']:<{w}}  {c['kind']:<5}  "
-                         + "  ".join(f"{_cell(c['metrics'].get(n)):<15}" for n in COLUMNS))
+            lines.append(
+                f"  {c['name']:<{w}}  {c['kind']:<5}  "
+                + "  ".join(f"{_cell(c['metrics'].get(n)):<15}" for n in COLUMNS)
+            )
     for setting, modes in case["routing"].items():
-        parts = [f"{mode}: {r['kernel_launches']} launches / {r['stage4_calls']} stage-4 calls"
-                 + (f" {r['verdicts']}" if r["verdicts"] else "") for mode, r in modes.items()]
+        parts = [
+            f"{mode}: {r['kernel_launches']} launches / {r['stage4_calls']} stage-4 calls"
+            + (f" {r['verdicts']}" if r["verdicts"] else "")
+            for mode, r in modes.items()
+        ]
         lines.append(f"  routing {setting}: " + "; ".join(parts))
     return "\n".join(lines)
 
@@ -390,8 +456,10 @@ def worst(rank_results: list) -> dict:
                 for n, m in c["metrics"].items():
                     key = f"{c['kind']}:{n}"
                     prev = out.get(key, {"rel_fro": 0.0, "max_rel": 0.0})
-                    out[key] = {"rel_fro": max(prev["rel_fro"], m["rel_fro"]),
-                                "max_rel": max(prev["max_rel"], m["max_rel"])}
+                    out[key] = {
+                        "rel_fro": max(prev["rel_fro"], m["rel_fro"]),
+                        "max_rel": max(prev["max_rel"], m["max_rel"]),
+                    }
     return out
 
 
@@ -418,7 +486,7 @@ def write_summary(out_dir, summary: dict) -> str | None:
 def report(rank_results: list, args, env: dict, seconds: float) -> int:
     """Print the tables, write the JSON; the exit status (same on every rank)."""
     failures, notes = evaluate(rank_results, args)
-    for res in rank_results:   # rank 0's metrics were printed case by case as they came
+    for res in rank_results:  # rank 0's metrics were printed case by case as they came
         if res.get("error"):
             print(f"rank {res['rank']} raised:\n{res['error']}")
         elif res["rank"] != 0:
@@ -432,8 +500,14 @@ def report(rank_results: list, args, env: dict, seconds: float) -> int:
         print(f"FAIL: {f}")
     ok = not failures
     summary = {
-        "ok": ok, "failures": failures, "notes": notes, "args": vars(args), "env": env,
-        "worst": worst(rank_results), "seconds": seconds, "ranks": rank_results,
+        "ok": ok,
+        "failures": failures,
+        "notes": notes,
+        "args": vars(args),
+        "env": env,
+        "worst": worst(rank_results),
+        "seconds": seconds,
+        "ranks": rank_results,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     path = write_summary(args.out, summary)
@@ -444,6 +518,7 @@ def report(rank_results: list, args, env: dict, seconds: float) -> int:
 
 
 # ----------------------------------------------------------------------------- probes
+
 
 class Routing(KernelProbe):
     """kda_dhu.testing.KernelProbe (kernel launches, the backend verifier's verdicts) that
@@ -460,14 +535,18 @@ class Routing(KernelProbe):
         self.calls = 0
 
     def snapshot(self) -> dict:
-        return {"kernel_launches": self.launches, "stage4_calls": self.calls,
-                "verdicts": sorted({f"{'kernel' if ok else 'fla'}: {why}" for ok, why in self.verdicts})}
+        return {
+            "kernel_launches": self.launches,
+            "stage4_calls": self.calls,
+            "verdicts": sorted({f"{'kernel' if ok else 'fla'}: {why}" for ok, why in self.verdicts}),
+        }
 
     def _wrappers(self) -> list:
         def stage4(original):
             def wrapper(*a, **kw):
                 self.calls += 1
                 return original(*a, **kw)
+
             return wrapper
 
         return super()._wrappers() + [(self.bwd, STAGE4, stage4)]
@@ -475,12 +554,22 @@ class Routing(KernelProbe):
 
 # ----------------------------------------------------------------------------- the GPU run
 
+
 def _forward(x: dict, cu=None, cu_cpu=None, ctx=None):
     from fla.ops.kda import chunk_kda
 
-    o, _ = chunk_kda(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=None,
-                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-                     cp_context=ctx)
+    o, _ = chunk_kda(
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        g=x["g"],
+        beta=x["beta"],
+        scale=None,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu,
+        cu_seqlens_cpu=cu_cpu,
+        cp_context=ctx,
+    )
     return o
 
 
@@ -517,12 +606,27 @@ def run_case(case: str, normalizer: float, args, rank: int, world_size: int, dev
     lengths = case_lengths(case, args.T, world_size, args.lengths)
     cu_cpu = cu_from_lengths(lengths, getattr(torch, args.cu_dtype))
     cu = cu_cpu.to(device)
-    x, do = make_inputs(args.T, args.H, args.HV, args.K, args.V, seed=args.seed,
-                        gate_normalizer=normalizer, device=device, dtype=dtype)
-    for t in (*x.values(), do):   # one set of inputs everywhere, whatever each GPU draws
+    x, do = make_inputs(
+        args.T,
+        args.H,
+        args.HV,
+        args.K,
+        args.V,
+        seed=args.seed,
+        gate_normalizer=normalizer,
+        device=device,
+        dtype=dtype,
+    )
+    for t in (*x.values(), do):  # one set of inputs everywhere, whatever each GPU draws
         dist.broadcast(t, src=0, group=group)
-    out = {"case": case, "gate_normalizer": normalizer, "lengths": lengths,
-           "comparisons": [], "routing": {}, "contexts": {}}
+    out = {
+        "case": case,
+        "gate_normalizer": normalizer,
+        "lengths": lengths,
+        "comparisons": [],
+        "routing": {},
+        "contexts": {},
+    }
 
     # 1. one GPU, all T tokens, no CP
     leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
@@ -531,7 +635,9 @@ def run_case(case: str, normalizer: float, args, rank: int, world_size: int, dev
     ref = dict(grads["fla"], o=o.detach())
     single_kda = dict(grads["kda_dhu"], o=ref["o"])
     out["comparisons"].append(comparison("single: kda_dhu vs fla", "kda", grads["kda_dhu"], grads["fla"]))
-    out["comparisons"].append(comparison("single: fla again vs fla", "noise", grads["fla_again"], grads["fla"]))
+    out["comparisons"].append(
+        comparison("single: fla again vs fla", "noise", grads["fla_again"], grads["fla"])
+    )
     del o, leaves, grads
     torch.cuda.empty_cache()
 
@@ -550,13 +656,25 @@ def run_case(case: str, normalizer: float, args, rank: int, world_size: int, dev
         full["fla"]["o"] = full["kda_dhu"]["o"] = _gather(o.detach(), world_size, group)
         del o, leaves, grads
         out["comparisons"] += [
-            comparison(f"{setting}: kda_dhu vs fla", "kda",
-                       {n: t for n, t in full["kda_dhu"].items() if n != "o"}, full["fla"]),
+            comparison(
+                f"{setting}: kda_dhu vs fla",
+                "kda",
+                {n: t for n, t in full["kda_dhu"].items() if n != "o"},
+                full["fla"],
+            ),
             comparison(f"{setting} fla vs single fla", "cp", full["fla"], ref),
-            comparison(f"{setting} kda_dhu vs single fla", "cp",
-                       {n: t for n, t in full["kda_dhu"].items() if n != "o"}, ref),
-            comparison(f"{setting} kda_dhu vs single kda_dhu", "noise",
-                       {n: t for n, t in full["kda_dhu"].items() if n != "o"}, single_kda),
+            comparison(
+                f"{setting} kda_dhu vs single fla",
+                "cp",
+                {n: t for n, t in full["kda_dhu"].items() if n != "o"},
+                ref,
+            ),
+            comparison(
+                f"{setting} kda_dhu vs single kda_dhu",
+                "noise",
+                {n: t for n, t in full["kda_dhu"].items() if n != "o"},
+                single_kda,
+            ),
             comparison(f"{setting}: fla again vs fla", "noise", full["fla_again"], full["fla"]),
         ]
         del full
@@ -568,9 +686,12 @@ def run_case(case: str, normalizer: float, args, rank: int, world_size: int, dev
 
 
 def environment(world_size: int) -> dict:
-    env = {"torch": torch.__version__, "world_size": world_size,
-           "nccl_env": {k: os.environ.get(k) for k in NCCL_REPORT if k in os.environ},
-           "kda_dhu_commit": os.environ.get("KDA_DHU_COMMIT")}
+    env = {
+        "torch": torch.__version__,
+        "world_size": world_size,
+        "nccl_env": {k: os.environ.get(k) for k in NCCL_REPORT if k in os.environ},
+        "kda_dhu_commit": os.environ.get("KDA_DHU_COMMIT"),
+    }
     try:
         import triton
 
@@ -596,11 +717,10 @@ def _init_process_group(rank: int, world_size: int, local_rank: int, timeout_s: 
     import torch.distributed as dist
 
     torch.cuda.set_device(local_rank)
-    kw = dict(backend="nccl", rank=rank, world_size=world_size,
-              timeout=datetime.timedelta(seconds=timeout_s))
+    kw = dict(backend="nccl", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         dist.init_process_group(**kw, device_id=torch.device("cuda", local_rank))
-    except TypeError:   # torch without device_id
+    except TypeError:  # torch without device_id
         dist.init_process_group(**kw)
 
 
@@ -620,13 +740,18 @@ def worker(rank: int, world_size: int, local_rank: int, args) -> int:
         if not ok:
             raise RuntimeError(f"kda_dhu cannot run its kernel here: {msg}")
         if not fla_backend.is_registered() and not fla_backend.register_backend():
-            raise RuntimeError("kda_dhu's fla backend could not be registered "
-                               "(FLA_DISABLE_BACKEND_DISPATCH=1, or fla without a backend registry)")
+            raise RuntimeError(
+                "kda_dhu's fla backend could not be registered "
+                "(FLA_DISABLE_BACKEND_DISPATCH=1, or fla without a backend registry)"
+            )
         res["backend_registered"] = fla_backend.is_registered()
         if rank == 0:
-            print(f"[cp_check] {world_size} ranks, T={args.T} H={args.H} HV={args.HV} K={args.K} "
-                  f"V={args.V} {args.dtype}; cases {args.cases} x gate normalizers "
-                  f"{args.gate_normalizers}; variants {args.variants}", flush=True)
+            print(
+                f"[cp_check] {world_size} ranks, T={args.T} H={args.H} HV={args.HV} K={args.K} "
+                f"V={args.V} {args.dtype}; cases {args.cases} x gate normalizers "
+                f"{args.gate_normalizers}; variants {args.variants}",
+                flush=True,
+            )
         with Routing() as probe:
             for case in args.cases:
                 for normalizer in args.gate_normalizers:
@@ -634,8 +759,11 @@ def worker(rank: int, world_size: int, local_rank: int, args) -> int:
                     res["cases"].append(r)
                     if rank == 0:
                         print(format_case(r, rank), flush=True)
-                        print(f"[cp_check] {case}, gate normalizer {normalizer:g}: "
-                              f"{r['seconds']:.1f} s (since start {time.time() - t0:.0f} s)", flush=True)
+                        print(
+                            f"[cp_check] {case}, gate normalizer {normalizer:g}: "
+                            f"{r['seconds']:.1f} s (since start {time.time() - t0:.0f} s)",
+                            flush=True,
+                        )
                         write_summary(args.out, {"partial": True, "args": vars(args), "ranks": [res]})
     except Exception:  # noqa: BLE001 - reported, and the status says it
         # The other ranks may be waiting in a collective this rank will never join:
@@ -671,8 +799,13 @@ def worker(rank: int, world_size: int, local_rank: int, args) -> int:
 
 
 def _spawned(index: int, world_size: int, args, port: int):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(index),
-                      LOCAL_RANK=str(index), WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(index),
+        LOCAL_RANK=str(index),
+        WORLD_SIZE=str(world_size),
+    )
     rc = worker(index, world_size, index, args)
     if rc:
         sys.exit(rc)
@@ -685,6 +818,7 @@ def _free_port() -> int:
 
 
 # ----------------------------------------------------------------------------- dry run
+
 
 def dry_run(args) -> int:
     """CPU: everything but the GPU run, at the given shape (use a small --T)."""
@@ -703,17 +837,24 @@ def dry_run(args) -> int:
         if case == "aligned":
             assert all(r * part in interior for r in range(1, W)), (case, lengths)
         x, do = make_inputs(args.T, args.H, args.HV, args.K, args.V, seed=args.seed, dtype=dtype)
-        x2, _ = make_inputs(args.T, args.H, args.HV, args.K, args.V, seed=args.seed, gate_normalizer=16.0,
-                            dtype=dtype)
+        x2, _ = make_inputs(
+            args.T, args.H, args.HV, args.K, args.V, seed=args.seed, gate_normalizer=16.0, dtype=dtype
+        )
         assert torch.equal(x["q"], x2["q"]) and not torch.equal(x["g"], x2["g"])
         for n, t in (*x.items(), ("do", do)):
             pieces = [local_slice(t, r, W) for r in range(W)]
             assert all(p.shape[1] == part and p.is_contiguous() for p in pieces), n
             assert torch.equal(concat_pieces(pieces), t), n
         res = {"rank": 0, "cases": [], "device": "cpu (dry run)"}
-        entry = {"case": case, "gate_normalizer": 1.0, "lengths": lengths, "comparisons": [],
-                 "routing": {}, "contexts": {}}
-        try:   # fla's own split, computed per rank without a process group
+        entry = {
+            "case": case,
+            "gate_normalizer": 1.0,
+            "lengths": lengths,
+            "comparisons": [],
+            "routing": {},
+            "contexts": {},
+        }
+        try:  # fla's own split, computed per rank without a process group
             from fla.ops.cp.context import get_cp_cu_seqlens
 
             for r in range(W):
@@ -728,17 +869,22 @@ def dry_run(args) -> int:
         # metrics against a perturbed copy, as the GPU run forms them
         ref = dict(x, o=do)
         gen = torch.Generator().manual_seed(1)
-        noisy = {n: (t.float() * (1 + 1e-3 * torch.randn(t.shape, generator=gen))).to(t.dtype)
-                 for n, t in ref.items()}
+        noisy = {
+            n: (t.float() * (1 + 1e-3 * torch.randn(t.shape, generator=gen))).to(t.dtype)
+            for n, t in ref.items()
+        }
         entry["comparisons"].append(comparison("dry: perturbed 1e-3 vs original", "kda", noisy, ref))
         entry["comparisons"].append(comparison("dry: original vs original", "noise", ref, ref))
         for c in entry["comparisons"][1:]:
             assert all(m["rel_fro"] == 0 and m["max_rel"] == 0 for m in c["metrics"].values())
         for m in entry["comparisons"][0]["metrics"].values():
             assert 0 < m["rel_fro"] < args.tol_kda, m
-        entry["routing"] = {"single": {"fla": {"kernel_launches": 0, "stage4_calls": 1, "verdicts": []},
-                                       "kda_dhu": {"kernel_launches": 1, "stage4_calls": 1,
-                                                   "verdicts": ["kernel: kernel-sm90a"]}}}
+        entry["routing"] = {
+            "single": {
+                "fla": {"kernel_launches": 0, "stage4_calls": 1, "verdicts": []},
+                "kda_dhu": {"kernel_launches": 1, "stage4_calls": 1, "verdicts": ["kernel: kernel-sm90a"]},
+            }
+        }
         res["cases"].append(entry)
         results.append(res)
     merged = {"rank": 0, "device": "cpu (dry run)", "cases": [c for r in results for c in r["cases"]]}
@@ -756,9 +902,9 @@ def dry_run(args) -> int:
         with Routing() as probe:
             bound = {name: (module, original, ours) for module, name, original, ours in probe._bound}
             assert set(bound) == {"_run_kernel", "plan_call", STAGE4}, sorted(bound)
-            for name, (module, original, ours) in bound.items():
+            for name, (module, _original, ours) in bound.items():
                 assert module.__dict__[name] is ours, name
-        for name, (module, original, ours) in bound.items():
+        for name, (module, original, _ours) in bound.items():
             assert module.__dict__[name] is original, name
         print("dry run: kda_dhu's backend registered; FLA_KDA_DHU switch and routing probes work")
     except ImportError as err:
@@ -778,11 +924,12 @@ def dry_run(args) -> int:
 
 # ----------------------------------------------------------------------------- main
 
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run:
         return dry_run(args)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:   # torchrun / torch.distributed.run
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun / torch.distributed.run
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         if args.T % world_size:
@@ -799,8 +946,13 @@ def main(argv=None) -> int:
     import torch.multiprocessing as mp
 
     try:
-        mp.start_processes(_spawned, args=(args.nproc, args, _free_port()), nprocs=args.nproc,
-                           join=True, start_method="spawn")
+        mp.start_processes(
+            _spawned,
+            args=(args.nproc, args, _free_port()),
+            nprocs=args.nproc,
+            join=True,
+            start_method="spawn",
+        )
     except mp.ProcessExitedException as err:
         print(f"cp_check: {err}", file=sys.stderr)
         return err.exit_code if err.exit_code and err.exit_code > 0 else EXIT_FAIL

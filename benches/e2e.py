@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib
 import json
 import logging
@@ -66,7 +67,7 @@ from kda_dhu.testing import BACKEND_ENV, KernelProbe, restored_backend
 from kda_dhu.testing import set_backend as set_mode
 
 STAGE4 = "chunk_gated_delta_rule_bwd_dhu"
-MODES = ("fla", "kda_dhu")          # FLA_KDA_DHU=0, unset
+MODES = ("fla", "kda_dhu")  # FLA_KDA_DHU=0, unset
 DEVICE = "cuda"
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
@@ -84,6 +85,7 @@ BACKWARD_MODULE = {"kda": "fla.ops.kda.chunk_bwd", "gdn": "fla.ops.gated_delta_r
 
 # ----------------------------------------------------------------------------- inputs
 
+
 def varlen_lengths(T: int, mean: int = 1024, sigma: float = 1.0, seed: int = 0) -> list:
     """T // mean document lengths summing to T (so averaging ``mean``), skewed like real
     documents: log-normal weights (sigma in log space) scaled to T, each at least 1
@@ -94,7 +96,7 @@ def varlen_lengths(T: int, mean: int = 1024, sigma: float = 1.0, seed: int = 0) 
     gen = torch.Generator().manual_seed(seed)
     w = torch.empty(n, dtype=torch.float64).log_normal_(0.0, sigma, generator=gen)
     lens = (w / w.sum() * T).floor().long().clamp(min=1)
-    lens[int(lens.argmax())] += T - int(lens.sum())     # the rounding remainder
+    lens[int(lens.argmax())] += T - int(lens.sum())  # the rounding remainder
     return lens.tolist()
 
 
@@ -126,7 +128,7 @@ def make_inputs(case: dict, seed: int = 0, gate_normalizer: float = 1.0, device=
     leaves = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
     for t in leaves.values():
         t.requires_grad_(True)
-    grads_out = (randn(B, T, HV, V, dt=dtype), randn(N, HV, K, V))   # do, dht
+    grads_out = (randn(B, T, HV, V, dt=dtype), randn(N, HV, K, V))  # do, dht
     cu = cu_cpu = None
     if lengths is not None:
         offs = [0]
@@ -139,9 +141,20 @@ def make_inputs(case: dict, seed: int = 0, gate_normalizer: float = 1.0, device=
 
 def forward(op: str, x: dict, cu, cu_cpu, **extra):
     """(o, final_state) of fla's chunked op, training-style (autograd recording)."""
-    kw = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=None,
-              initial_state=x["initial_state"], output_final_state=True,
-              use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu, **extra)
+    kw = dict(
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        g=x["g"],
+        beta=x["beta"],
+        scale=None,
+        initial_state=x["initial_state"],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu,
+        cu_seqlens_cpu=cu_cpu,
+        **extra,
+    )
     if op == "kda":
         from fla.ops.kda import chunk_kda
 
@@ -152,6 +165,7 @@ def forward(op: str, x: dict, cu, cu_cpu, **extra):
 
 
 # ----------------------------------------------------------------------------- modes and probes
+
 
 class Stage4Spy:
     """Temporarily rebinds STAGE4 in the op's backward module to a wrapper that counts
@@ -220,6 +234,7 @@ class LogCapture(logging.Handler):
 
 # ----------------------------------------------------------------------------- measurement
 
+
 def alternate(fn, warmup: int, reps: int, on_mode=None) -> dict:
     """Median CUDA-event ms of fn() per mode, modes alternating (order swapped every
     iteration); events are read after one synchronization at the end. on_mode(mode,
@@ -228,7 +243,7 @@ def alternate(fn, warmup: int, reps: int, on_mode=None) -> dict:
 
     events = {m: [] for m in MODES}
     for i in range(warmup + reps):
-        for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+        for mode in MODES if i % 2 == 0 else MODES[::-1]:
             set_mode(mode)
             if on_mode is not None:
                 on_mode(mode, i >= warmup)
@@ -272,8 +287,14 @@ def grad_check(case, args, probe: KernelProbe, spy: Stage4Spy, normalizer: float
     err = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["kda_dhu"], grads["fla"])}
     noise = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["fla_again"], grads["fla"])}
     del grads, o, ht, x, leaves, grads_out
-    return {"gate_normalizer": normalizer, "rel_err": err, "fla_repeat_rel_err": noise,
-            "kernel_launches": launches, "stage4_calls": stage4_calls, "verdicts": verdicts}
+    return {
+        "gate_normalizer": normalizer,
+        "rel_err": err,
+        "fla_repeat_rel_err": noise,
+        "kernel_launches": launches,
+        "stage4_calls": stage4_calls,
+        "verdicts": verdicts,
+    }
 
 
 def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
@@ -281,9 +302,11 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
 
     t0 = time.time()
     op = case["op"]
-    x, grads_out, cu, cu_cpu, lengths = make_inputs(case, seed=args.seed, gate_normalizer=args.check_normalizers[0])
+    x, grads_out, cu, cu_cpu, lengths = make_inputs(
+        case, seed=args.seed, gate_normalizer=args.check_normalizers[0]
+    )
     leaves = [x[n] for n in GRAD_NAMES]
-    fwd = lambda: forward(op, x, cu, cu_cpu)  # noqa: E731
+    fwd = functools.partial(forward, op, x, cu, cu_cpu)
 
     # first calls: Triton autotuning, kda-dhu's module load
     for mode in MODES:
@@ -294,13 +317,24 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
     torch.cuda.synchronize()
     t_warm = time.time() - t0
 
-    row = {"case": name, "op": op, **{k: case[k] for k in ("B", "T", "H", "HV", "K", "V")},
-           "dtype": "bf16", "varlen": lengths is not None,
-           "N": case["B"] if lengths is None else len(lengths)}
+    row = {
+        "case": name,
+        "op": op,
+        **{k: case[k] for k in ("B", "T", "H", "HV", "K", "V")},
+        "dtype": "bf16",
+        "varlen": lengths is not None,
+        "N": case["B"] if lengths is None else len(lengths),
+    }
     if lengths is not None:
         s = sorted(lengths)
-        row["seq_lens"] = {"n": len(s), "min": s[0], "median": s[len(s) // 2], "max": s[-1],
-                           "mean": sum(s) / len(s), "lengths": lengths}
+        row["seq_lens"] = {
+            "n": len(s),
+            "min": s[0],
+            "median": s[len(s) // 2],
+            "max": s[-1],
+            "mean": sum(s) / len(s),
+            "lengths": lengths,
+        }
 
     with Stage4Spy(op) as spy:
         checks = [grad_check(case, args, probe, spy, n) for n in args.check_normalizers]
@@ -308,7 +342,7 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
 
         fwd_ms = alternate(lambda: fwd(), args.warmup, args.reps)
         o, ht = fwd()
-        bwd = lambda: torch.autograd.grad((o, ht), leaves, grads_out, retain_graph=True)  # noqa: E731
+        bwd = functools.partial(torch.autograd.grad, (o, ht), leaves, grads_out, retain_graph=True)
         bwd_ms = alternate(bwd, args.warmup, args.reps)
         stage4 = None
         if not args.no_stage4:
@@ -316,7 +350,7 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
             spy.timing = True
 
             def tag(mode, timed):
-                spy.mode = mode if timed else None   # warm-up events are left out
+                spy.mode = mode if timed else None  # warm-up events are left out
 
             alternate(bwd, args.warmup, args.stage4_reps, on_mode=tag)
             spy.timing = False
@@ -327,20 +361,28 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
 
     f = {m: fwd_ms[m]["median"] for m in MODES}
     b = {m: bwd_ms[m]["median"] for m in MODES}
-    row.update({
-        "fwd_ms": f, "bwd_ms": b,
-        "bwd_speedup": b["fla"] / b["kda_dhu"],
-        "fwd_bwd_ms": {m: f[m] + b[m] for m in MODES},
-        "fwd_bwd_speedup": (f["fla"] + b["fla"]) / (f["kda_dhu"] + b["kda_dhu"]),
-        "fwd_ms_spread": fwd_ms, "bwd_ms_spread": bwd_ms,
-        "stage4_ms": stage4,
-        "stage4_share_of_bwd": ({m: stage4[m] / b[m] for m in MODES if stage4[m] is not None}
-                                if stage4 else None),
-        "grad_checks": checks,
-        "max_grad_rel_err": max(v for c in checks for v in c["rel_err"].values()),
-        "max_fla_repeat_rel_err": max(v for c in checks for v in c["fla_repeat_rel_err"].values()),
-        "reps": args.reps, "warmup": args.warmup, "first_calls_s": t_warm, "case_s": time.time() - t0,
-    })
+    row.update(
+        {
+            "fwd_ms": f,
+            "bwd_ms": b,
+            "bwd_speedup": b["fla"] / b["kda_dhu"],
+            "fwd_bwd_ms": {m: f[m] + b[m] for m in MODES},
+            "fwd_bwd_speedup": (f["fla"] + b["fla"]) / (f["kda_dhu"] + b["kda_dhu"]),
+            "fwd_ms_spread": fwd_ms,
+            "bwd_ms_spread": bwd_ms,
+            "stage4_ms": stage4,
+            "stage4_share_of_bwd": (
+                {m: stage4[m] / b[m] for m in MODES if stage4[m] is not None} if stage4 else None
+            ),
+            "grad_checks": checks,
+            "max_grad_rel_err": max(v for c in checks for v in c["rel_err"].values()),
+            "max_fla_repeat_rel_err": max(v for c in checks for v in c["fla_repeat_rel_err"].values()),
+            "reps": args.reps,
+            "warmup": args.warmup,
+            "first_calls_s": t_warm,
+            "case_s": time.time() - t0,
+        }
+    )
     return row
 
 
@@ -348,22 +390,27 @@ def case_failures(row: dict, tol: float) -> list:
     out = []
     for c in row["grad_checks"]:
         where = f"{row['case']} (gate normalizer {c['gate_normalizer']:g})"
-        bad = {n: e for n, e in c["rel_err"].items() if not (e < tol)}   # NaN / inf fail too
+        bad = {n: e for n, e in c["rel_err"].items() if not (e < tol)}  # NaN / inf fail too
         if bad:
-            out.append(f"{where}: gradient rel err over {tol:g}: "
-                       + ", ".join(f"{n} {e:.2e}" for n, e in bad.items()))
+            out.append(
+                f"{where}: gradient rel err over {tol:g}: "
+                + ", ".join(f"{n} {e:.2e}" for n, e in bad.items())
+            )
         la, calls = c["kernel_launches"], c["stage4_calls"]
         if la["fla"] or la["fla_again"]:
             out.append(f"{where}: kda-dhu's kernel ran with {BACKEND_ENV}=0 ({la['fla']} launches)")
         if calls["kda_dhu"] == 0:
             out.append(f"{where}: stage 4 was never called by the backward (spy saw no call)")
         elif la["kda_dhu"] != calls["kda_dhu"]:
-            out.append(f"{where}: kda-dhu's kernel ran {la['kda_dhu']} times for {calls['kda_dhu']} "
-                       f"stage-4 calls with the backend on; verdicts: {c['verdicts']['kda_dhu']}")
+            out.append(
+                f"{where}: kda-dhu's kernel ran {la['kda_dhu']} times for {calls['kda_dhu']} "
+                f"stage-4 calls with the backend on; verdicts: {c['verdicts']['kda_dhu']}"
+            )
     return out
 
 
 # ----------------------------------------------------------------------------- GDN probe, report
+
 
 def gdn_backward_refusal():
     """None if fla runs GDN's backward here, else the reason (fla's own error)."""
@@ -402,12 +449,12 @@ def graph_mode_probe(args, probe: KernelProbe) -> dict:
     cu_cpu = torch.cat([cu_cpu, cu_cpu[-1:].repeat(pad)])
     cu = cu_cpu.to(cu.device)
     gen = torch.Generator(device=cu.device).manual_seed(args.seed + 1)
-    x["initial_state"] = torch.randn(n_max, case["HV"], case["K"], case["V"], generator=gen,
-                                     device=cu.device).requires_grad_(True)
+    x["initial_state"] = torch.randn(
+        n_max, case["HV"], case["K"], case["V"], generator=gen, device=cu.device
+    ).requires_grad_(True)
     dht = torch.randn(n_max, case["HV"], case["K"], case["V"], generator=gen, device=cu.device)
     leaves = [x[n] for n in GRAD_NAMES]
-    out = {"case": f"kda_graph_varlen_t{case['T']}_h{case['H']}_n{len(lengths)}+{pad}",
-           "max_num_seqs": n_max}
+    out = {"case": f"kda_graph_varlen_t{case['T']}_h{case['H']}_n{len(lengths)}+{pad}", "max_num_seqs": n_max}
     grads = {}
     for mode in MODES:
         set_mode(mode)
@@ -420,8 +467,11 @@ def graph_mode_probe(args, probe: KernelProbe) -> dict:
             torch.cuda.synchronize()
             out[mode] = {"ok": True, "kernel_launches": probe.launches}
         except Exception as err:  # noqa: BLE001 - the finding is the error
-            out[mode] = {"ok": False, "error": f"{type(err).__name__}: {err}",
-                         "kernel_launches": probe.launches}
+            out[mode] = {
+                "ok": False,
+                "error": f"{type(err).__name__}: {err}",
+                "kernel_launches": probe.launches,
+            }
     if len(grads) == 2:
         out["rel_err"] = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["kda_dhu"], grads["fla"])}
     return out
@@ -433,24 +483,30 @@ def _fmt(v, spec=".3f"):
 
 def markdown_table(record: dict) -> str:
     """The table of a record (also what --table prints)."""
-    head = (f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, triton "
-            f"{record.get('triton')}, kda_dhu {record['kda_dhu_commit']}, {record['date']}; "
-            f"medians of {record['settings']['reps']} alternating reps; fla = {BACKEND_ENV}=0\n\n")
-    lines = ["| case | fwd ms fla | fwd ms kda-dhu | bwd ms fla | bwd ms kda-dhu | bwd speedup "
-             "| fwd+bwd speedup | stage4 ms fla | stage4 ms kda-dhu | stage4 share (fla) "
-             "| max grad err (fla repeat) | kernel launches on / off |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = (
+        f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, triton "
+        f"{record.get('triton')}, kda_dhu {record['kda_dhu_commit']}, {record['date']}; "
+        f"medians of {record['settings']['reps']} alternating reps; fla = {BACKEND_ENV}=0\n\n"
+    )
+    lines = [
+        "| case | fwd ms fla | fwd ms kda-dhu | bwd ms fla | bwd ms kda-dhu | bwd speedup "
+        "| fwd+bwd speedup | stage4 ms fla | stage4 ms kda-dhu | stage4 share (fla) "
+        "| max grad err (fla repeat) | kernel launches on / off |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in record["rows"]:
         s4 = r.get("stage4_ms") or {}
         share = (r.get("stage4_share_of_bwd") or {}).get("fla")
-        launches = " ; ".join(f"{c['kernel_launches']['kda_dhu']} / {c['kernel_launches']['fla']}"
-                              for c in r["grad_checks"])
+        launches = " ; ".join(
+            f"{c['kernel_launches']['kda_dhu']} / {c['kernel_launches']['fla']}" for c in r["grad_checks"]
+        )
         lines.append(
             f"| {r['case']} | {r['fwd_ms']['fla']:.3f} | {r['fwd_ms']['kda_dhu']:.3f} "
             f"| {r['bwd_ms']['fla']:.3f} | {r['bwd_ms']['kda_dhu']:.3f} | {r['bwd_speedup']:.3f}x "
             f"| {r['fwd_bwd_speedup']:.3f}x | {_fmt(s4.get('fla'))} | {_fmt(s4.get('kda_dhu'))} "
             f"| {_fmt(share, '.1%')} | {r['max_grad_rel_err']:.1e} ({r['max_fla_repeat_rel_err']:.1e}) "
-            f"| {launches} |")
+            f"| {launches} |"
+        )
     for s in record.get("skipped", []):
         lines.append(f"| {s['case']} | skipped: {s['reason']} |" + " |" * 10)
     return head + "\n".join(lines) + "\n"
@@ -458,16 +514,23 @@ def markdown_table(record: dict) -> str:
 
 def print_checks(row: dict) -> None:
     for c in row["grad_checks"]:
-        print(f"    grads, gate normalizer {c['gate_normalizer']:g}: kda-dhu vs fla  "
-              + "  ".join(f"{n} {e:.2e}" for n, e in c["rel_err"].items()))
-        print(f"    {'':31}fla vs fla again  "
-              + "  ".join(f"{n} {e:.2e}" for n, e in c["fla_repeat_rel_err"].items()))
-        print(f"    {'':31}kernel launches on {c['kernel_launches']['kda_dhu']} / off "
-              f"{c['kernel_launches']['fla']} for {c['stage4_calls']['kda_dhu']} stage-4 call(s); "
-              f"verdicts on: {c['verdicts']['kda_dhu'] or 'none'}; off: {c['verdicts']['fla'] or 'none'}")
+        print(
+            f"    grads, gate normalizer {c['gate_normalizer']:g}: kda-dhu vs fla  "
+            + "  ".join(f"{n} {e:.2e}" for n, e in c["rel_err"].items())
+        )
+        print(
+            f"    {'':31}fla vs fla again  "
+            + "  ".join(f"{n} {e:.2e}" for n, e in c["fla_repeat_rel_err"].items())
+        )
+        print(
+            f"    {'':31}kernel launches on {c['kernel_launches']['kda_dhu']} / off "
+            f"{c['kernel_launches']['fla']} for {c['stage4_calls']['kda_dhu']} stage-4 call(s); "
+            f"verdicts on: {c['verdicts']['kda_dhu'] or 'none'}; off: {c['verdicts']['fla'] or 'none'}"
+        )
 
 
 # ----------------------------------------------------------------------------- main
+
 
 def _floats(text: str) -> list:
     try:
@@ -481,25 +544,43 @@ def _floats(text: str) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="", help="folder for e2e-<date>-<gpu>.json, e2e-latest.json and "
-                                              "e2e-latest.md (default: write nothing)")
-    ap.add_argument("--shapes", default="", help="comma-separated case names (default: all): "
-                                                 + ", ".join(CASES))
+    ap.add_argument(
+        "--out",
+        default="",
+        help="folder for e2e-<date>-<gpu>.json, e2e-latest.json and e2e-latest.md (default: write nothing)",
+    )
+    ap.add_argument(
+        "--shapes", default="", help="comma-separated case names (default: all): " + ", ".join(CASES)
+    )
     ap.add_argument("--reps", type=int, default=30, help="timed iterations per mode (default 30)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per mode first (default 3)")
     ap.add_argument("--stage4-reps", type=int, default=15, help="iterations per mode for stage 4 alone")
     ap.add_argument("--no-stage4", action="store_true", help="skip timing stage 4 alone")
-    ap.add_argument("--check-normalizers", type=_floats, default=[1.0, 16.0], metavar="LIST",
-                    help="gate normalizers of the gradient checks (g = logsigmoid(randn) / n); "
-                         "the first is also the timed input (default 1,16)")
-    ap.add_argument("--tol", type=float, default=2e-2, help="max relative gradient error, bf16 (default 2e-2)")
+    ap.add_argument(
+        "--check-normalizers",
+        type=_floats,
+        default=[1.0, 16.0],
+        metavar="LIST",
+        help="gate normalizers of the gradient checks (g = logsigmoid(randn) / n); "
+        "the first is also the timed input (default 1,16)",
+    )
+    ap.add_argument(
+        "--tol", type=float, default=2e-2, help="max relative gradient error, bf16 (default 2e-2)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gdn", action="store_true", help="skip the GDN cases (and the probe)")
-    ap.add_argument("--graph-probe", action="store_true",
-                    help="also run chunk_kda's CUDA-graph varlen mode (use_graph=True, padded "
-                         "cu_seqlens) eagerly, off and on, and record what happens")
-    ap.add_argument("--table", default="", metavar="JSON",
-                    help="print the markdown table of a recorded run and exit (no GPU needed)")
+    ap.add_argument(
+        "--graph-probe",
+        action="store_true",
+        help="also run chunk_kda's CUDA-graph varlen mode (use_graph=True, padded "
+        "cu_seqlens) eagerly, off and on, and record what happens",
+    )
+    ap.add_argument(
+        "--table",
+        default="",
+        metavar="JSON",
+        help="print the markdown table of a recorded run and exit (no GPU needed)",
+    )
     args = ap.parse_args(argv)
 
     if args.table:
@@ -533,16 +614,21 @@ def main(argv=None) -> int:
         print(f"e2e: kda-dhu cannot run its kernel here: {why} ({kda_dhu.__file__})", file=sys.stderr)
         return 2
     if not fla_backend.is_registered() and not fla_backend.register_backend():
-        print("e2e: kda-dhu is not registered as an fla backend and cannot be "
-              "(FLA_DISABLE_BACKEND_DISPATCH=1, or fla without fla.backends)", file=sys.stderr)
+        print(
+            "e2e: kda-dhu is not registered as an fla backend and cannot be "
+            "(FLA_DISABLE_BACKEND_DISPATCH=1, or fla without fla.backends)",
+            file=sys.stderr,
+        )
         return 2
     if kda_dhu.is_patched():
         print("e2e: kda_dhu.patch() is active; FLA_KDA_DHU would not switch kda-dhu off", file=sys.stderr)
         return 2
     force = os.environ.get("KDA_DHU_FORCE", "")
     if force:
-        print(f"e2e: warning: KDA_DHU_FORCE={force!r} is set; the 'on' mode is not the default path",
-              file=sys.stderr)
+        print(
+            f"e2e: warning: KDA_DHU_FORCE={force!r} is set; the 'on' mode is not the default path",
+            file=sys.stderr,
+        )
     try:
         import triton
 
@@ -551,8 +637,11 @@ def main(argv=None) -> int:
         triton_version = None
     gpu = torch.cuda.get_device_name()
     commit = git_commit()
-    print(f"{gpu}  torch {torch.__version__}  triton {triton_version}  fla {fla.__version__}  "
-          f"kda_dhu {kda_dhu.__version__} ({commit}, {kda_dhu.__file__})", flush=True)
+    print(
+        f"{gpu}  torch {torch.__version__}  triton {triton_version}  fla {fla.__version__}  "
+        f"kda_dhu {kda_dhu.__version__} ({commit}, {kda_dhu.__file__})",
+        flush=True,
+    )
 
     fla_log = logging.getLogger("fla.backends")
     capture = LogCapture()
@@ -567,9 +656,15 @@ def main(argv=None) -> int:
         if any(CASES[n]["op"] == "gdn" for n in names):
             reason = "--no-gdn" if args.no_gdn else gdn_backward_refusal()
             if reason:
-                print("GDN skipped: " + (reason if args.no_gdn else
-                                         f"fla's chunk_gated_delta_rule forward + backward probe failed: {reason}"),
-                      flush=True)
+                print(
+                    "GDN skipped: "
+                    + (
+                        reason
+                        if args.no_gdn
+                        else f"fla's chunk_gated_delta_rule forward + backward probe failed: {reason}"
+                    ),
+                    flush=True,
+                )
                 for n in [n for n in names if CASES[n]["op"] == "gdn"]:
                     skipped.append({"case": n, "reason": reason})
                 names = [n for n in names if CASES[n]["op"] != "gdn"]
@@ -586,17 +681,22 @@ def main(argv=None) -> int:
             fails = case_failures(row, args.tol)
             failures += fails
             s4 = row["stage4_ms"] or {}
-            print(f"[{i + 1}/{len(names)}] {name:<28} fwd {row['fwd_ms']['fla']:.3f} / "
-                  f"{row['fwd_ms']['kda_dhu']:.3f} ms  bwd {row['bwd_ms']['fla']:.3f} / "
-                  f"{row['bwd_ms']['kda_dhu']:.3f} ms  x{row['bwd_speedup']:.3f} bwd  "
-                  f"stage4 {_fmt(s4.get('fla'))} / {_fmt(s4.get('kda_dhu'))} ms  "
-                  f"max grad err {row['max_grad_rel_err']:.2e} (fla repeat "
-                  f"{row['max_fla_repeat_rel_err']:.2e})  [fla / kda-dhu; {row['case_s']:.0f} s, "
-                  f"first calls {row['first_calls_s']:.0f} s]  {'FAIL' if fails else 'ok'}", flush=True)
+            print(
+                f"[{i + 1}/{len(names)}] {name:<28} fwd {row['fwd_ms']['fla']:.3f} / "
+                f"{row['fwd_ms']['kda_dhu']:.3f} ms  bwd {row['bwd_ms']['fla']:.3f} / "
+                f"{row['bwd_ms']['kda_dhu']:.3f} ms  x{row['bwd_speedup']:.3f} bwd  "
+                f"stage4 {_fmt(s4.get('fla'))} / {_fmt(s4.get('kda_dhu'))} ms  "
+                f"max grad err {row['max_grad_rel_err']:.2e} (fla repeat "
+                f"{row['max_fla_repeat_rel_err']:.2e})  [fla / kda-dhu; {row['case_s']:.0f} s, "
+                f"first calls {row['first_calls_s']:.0f} s]  {'FAIL' if fails else 'ok'}",
+                flush=True,
+            )
             if row.get("seq_lens"):
                 sl = row["seq_lens"]
-                print(f"    {sl['n']} sequences, lengths min {sl['min']} median {sl['median']} "
-                      f"max {sl['max']} mean {sl['mean']:.0f}")
+                print(
+                    f"    {sl['n']} sequences, lengths min {sl['min']} median {sl['median']} "
+                    f"max {sl['max']} mean {sl['mean']:.0f}"
+                )
             print_checks(row)
         graph = None
         if args.graph_probe:
@@ -607,27 +707,45 @@ def main(argv=None) -> int:
                 graph = {"error": f"{type(err).__name__}: {err}"}
             print(f"graph-mode probe: {json.dumps(graph)}", flush=True)
             if graph.get("fla", {}).get("ok") and not graph.get("kda_dhu", {}).get("ok"):
-                failures.append(f"graph-mode probe: fla's backward runs, with kda-dhu on it raises: "
-                                f"{graph['kda_dhu'].get('error')}")
+                failures.append(
+                    f"graph-mode probe: fla's backward runs, with kda-dhu on it raises: "
+                    f"{graph['kda_dhu'].get('error')}"
+                )
             elif graph.get("rel_err") and not all(e < args.tol for e in graph["rel_err"].values()):
                 failures.append(f"graph-mode probe: gradient rel err over {args.tol:g}: {graph['rel_err']}")
     fla_log.removeHandler(capture)
     fla_log.setLevel(old_level)
 
     record = {
-        "date": datetime.date.today().isoformat(), "gpu": gpu, "fla_version": fla.__version__,
-        "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
-        "kda_dhu_version": kda_dhu.__version__, "kda_dhu_commit": commit,
-        "what": ("fla chunk_kda (and GDN where fla runs its backward) forward and backward, "
-                 f"use_qk_l2norm_in_kernel=True, bf16, output_final_state=True; kda-dhu's fla backend "
-                 f"off ({BACKEND_ENV}=0, 'fla') vs on (unset, 'kda_dhu'), same process, alternating; "
-                 "medians of CUDA events; bwd = torch.autograd.grad on a retained graph; stage4 = "
-                 "chunk_gated_delta_rule_bwd_dhu timed with CUDA events inside the backward"),
+        "date": datetime.date.today().isoformat(),
+        "gpu": gpu,
+        "fla_version": fla.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "kda_dhu_version": kda_dhu.__version__,
+        "kda_dhu_commit": commit,
+        "what": (
+            "fla chunk_kda (and GDN where fla runs its backward) forward and backward, "
+            f"use_qk_l2norm_in_kernel=True, bf16, output_final_state=True; kda-dhu's fla backend "
+            f"off ({BACKEND_ENV}=0, 'fla') vs on (unset, 'kda_dhu'), same process, alternating; "
+            "medians of CUDA events; bwd = torch.autograd.grad on a retained graph; stage4 = "
+            "chunk_gated_delta_rule_bwd_dhu timed with CUDA events inside the backward"
+        ),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "settings": {"reps": args.reps, "warmup": args.warmup, "stage4_reps": args.stage4_reps,
-                     "check_normalizers": args.check_normalizers, "tol": args.tol, "seed": args.seed},
+        "settings": {
+            "reps": args.reps,
+            "warmup": args.warmup,
+            "stage4_reps": args.stage4_reps,
+            "check_normalizers": args.check_normalizers,
+            "tol": args.tol,
+            "seed": args.seed,
+        },
         "fla_backend_log": capture.lines,
-        "rows": rows, "skipped": skipped, "graph_probe": graph, "failures": failures,
+        "rows": rows,
+        "skipped": skipped,
+        "graph_probe": graph,
+        "failures": failures,
         "total_s": time.time() - t_start,
     }
     print()

@@ -45,12 +45,23 @@ def _inputs(device: str) -> dict:
     from kda_dhu.testing import make_inputs
 
     s = SHAPE
-    return make_inputs(s["B"], s["T"], s["H"], s["HV"], s["K"], s["V"], torch.bfloat16, "gk",
-                       device=device, generator=torch.Generator().manual_seed(0))
+    return make_inputs(
+        s["B"],
+        s["T"],
+        s["H"],
+        s["HV"],
+        s["K"],
+        s["V"],
+        torch.bfloat16,
+        "gk",
+        device=device,
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def _time(fn, n: int, sync=None) -> float:
     """Microseconds per call: best of 5 repeats of n calls (host clock)."""
+
     def run():
         for _ in range(n):
             fn()
@@ -86,6 +97,7 @@ def _raises(fn):
             fn()
         except ValueError:
             pass
+
     return call
 
 
@@ -105,8 +117,9 @@ def main(argv=None) -> int:
     prepare = getattr(_core, "prepare", _core.plan)  # _core.plan before issue #7
     rows.append(("prepare->device", _time(_raises(lambda: prepare("extended", **kw)), args.n)))
     rows.append(("force", _time(_dispatch._force, args.n)))
-    rows.append(("public->device", _time(_raises(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)),
-                                         args.n)))
+    rows.append(
+        ("public->device", _time(_raises(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)), args.n))
+    )
 
     if torch.cuda.is_available():
         kw = _inputs("cuda")
@@ -127,19 +140,35 @@ def main(argv=None) -> int:
         sync()
         rows.append(("prepare", _time(lambda: _core.prepare("extended", *pos, scale), args.n)))
         rows.append(("run (one crossing)", _time_queued(lambda: _core.run("extended", *pos, scale), args.n)))
-        rows.append(("launch(prepared)", _time(lambda: call.launch(dh, dh0, dv2, None, stream),
-                                               args.n, sync)))
-        rows.append(("launch(stateless)", _time(
-            lambda: _core.launch(*pos, scale, False, None, 64, None, dh, dh0, dv2, stream),
-            args.n, sync)))
-        rows.append(("eager call", _time(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw),
-                                         args.n, sync)))
-        rows.append(("eager call, queued", _time_queued(
-            lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw), args.n)))
-        rows.append(("launch(prepared), queued", _time_queued(
-            lambda: call.launch(dh, dh0, dv2, None, stream), args.n)))
-        rows.append(("(torch.empty x3)", _time(
-            lambda: (torch.empty_like(dh), torch.empty_like(dh0), torch.empty_like(dv2)), args.n)))
+        rows.append(
+            ("launch(prepared)", _time(lambda: call.launch(dh, dh0, dv2, None, stream), args.n, sync))
+        )
+        rows.append(
+            (
+                "launch(stateless)",
+                _time(
+                    lambda: _core.launch(*pos, scale, False, None, 64, None, dh, dh0, dv2, stream),
+                    args.n,
+                    sync,
+                ),
+            )
+        )
+        rows.append(("eager call", _time(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw), args.n, sync)))
+        rows.append(
+            ("eager call, queued", _time_queued(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw), args.n))
+        )
+        rows.append(
+            (
+                "launch(prepared), queued",
+                _time_queued(lambda: call.launch(dh, dh0, dv2, None, stream), args.n),
+            )
+        )
+        rows.append(
+            (
+                "(torch.empty x3)",
+                _time(lambda: (torch.empty_like(dh), torch.empty_like(dh0), torch.empty_like(dv2)), args.n),
+            )
+        )
         info = _core.tma_cache_info()
         device = torch.cuda.get_device_name()
     else:
@@ -147,8 +176,10 @@ def main(argv=None) -> int:
         device = "no CUDA device: CPU steps only"
 
     s = SHAPE
-    print(f"host overhead, B={s['B']} T={s['T']} H={s['H']} HV={s['HV']} K={s['K']} V={s['V']} "
-          f"bf16 gk ({device}; torch {torch.__version__})")
+    print(
+        f"host overhead, B={s['B']} T={s['T']} H={s['H']} HV={s['HV']} K={s['K']} V={s['V']} "
+        f"bf16 gk ({device}; torch {torch.__version__})"
+    )
     for name, us in rows:
         print(f"  {name:<20} {us:8.2f} us")
     if info is not None:

@@ -23,8 +23,11 @@ def main(argv=None) -> int:
 
     names = [r[0] for r in bench.SHAPES]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="b4_t8192_h16,b8_t4096_h32,prod8192",
-                    help="comma-separated names of the bench table (kda_dhu.bench.SHAPES)")
+    ap.add_argument(
+        "--shapes",
+        default="b4_t8192_h16,b8_t4096_h32,prod8192",
+        help="comma-separated names of the bench table (kda_dhu.bench.SHAPES)",
+    )
     ap.add_argument("--nwg", choices=("1", "2"), default=None, help="force the warpgroups per CTA")
     ap.add_argument("--warmup", type=int, default=3, help="launches before the profiled one")
     ap.add_argument("--list", action="store_true", help="print the shape names and exit")
@@ -59,9 +62,12 @@ def main(argv=None) -> int:
             print(f"{name}: {err}", file=sys.stderr)
             return 1
         torch.cuda.synchronize()
-        print(f"{name}: {args.warmup} + 1 launches, warpgroups "
-              f"{os.environ.get('KDA_DHU_SM90_NWG', 'by the planner')}; "
-              f"plan {_dispatch.plan_call(**a)}", flush=True)
+        print(
+            f"{name}: {args.warmup} + 1 launches, warpgroups "
+            f"{os.environ.get('KDA_DHU_SM90_NWG', 'by the planner')}; "
+            f"plan {_dispatch.plan_call(**a)}",
+            flush=True,
+        )
         del a
         torch.cuda.empty_cache()
     return 0

@@ -12,6 +12,7 @@ Writes DIR/variants.json and prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -54,34 +55,49 @@ def main(argv=None) -> int:
         fla_fn = _dispatch.fla_function()
         fla_out = fla_fn(**a)
 
-        def kernel():
-            return run_kernel(a)
+        kernel = functools.partial(run_kernel, a)
 
-        row = {"shape": name, "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "gate": gate,
-               "varlen": lengths is not None}
+        row = {
+            "shape": name,
+            "B": B,
+            "T": T,
+            "H": H,
+            "HV": HV,
+            "K": K,
+            "V": V,
+            "gate": gate,
+            "varlen": lengths is not None,
+        }
         NT_total = fla_out[0].shape[1]
         N = B if lengths is None else len(lengths)
         floor_ms = bench.floor_bytes(B, T, H, HV, K, V, NT_total, N, gate=gate) / (bw * 1e9) * 1e3
         row["floor_ms"] = floor_ms
-        row["fla_ms"] = bench.time_ms(lambda: fla_fn(**a))
+        row["fla_ms"] = bench.time_ms(functools.partial(fla_fn, **a))
         for nwg in ("1", "2"):
             os.environ["KDA_DHU_SM90_NWG"] = nwg
             out = kernel()
             torch.cuda.synchronize()
-            row[f"err_vs_fla_wg{nwg}"] = max(
-                rel_err(o, f) for o, f in zip(out, fla_out) if o is not None)
+            row[f"err_vs_fla_wg{nwg}"] = max(rel_err(o, f) for o, f in zip(out, fla_out) if o is not None)
             row[f"wg{nwg}_ms"] = bench.time_ms(kernel)
             del out
         os.environ.pop("KDA_DHU_SM90_NWG", None)
         best = min(row["wg1_ms"], row["wg2_ms"])
-        print(f"| {name} | {row['fla_ms']:.3f} | {row['wg1_ms']:.3f} | {row['wg2_ms']:.3f} | "
-              f"{row['fla_ms'] / floor_ms:.2f} | {row['wg1_ms'] / floor_ms:.2f} | "
-              f"{row['wg2_ms'] / floor_ms:.2f} | {row['fla_ms'] / best:.2f}x |", flush=True)
+        print(
+            f"| {name} | {row['fla_ms']:.3f} | {row['wg1_ms']:.3f} | {row['wg2_ms']:.3f} | "
+            f"{row['fla_ms'] / floor_ms:.2f} | {row['wg1_ms'] / floor_ms:.2f} | "
+            f"{row['wg2_ms'] / floor_ms:.2f} | {row['fla_ms'] / best:.2f}x |",
+            flush=True,
+        )
         results.append(row)
         a = fla_out = None
         torch.cuda.empty_cache()
-    record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "commit": bench.git_commit(), "copy_bandwidth_GBs": bw, "rows": results}
+    record = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "commit": bench.git_commit(),
+        "copy_bandwidth_GBs": bw,
+        "rows": results,
+    }
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "variants.json"), "w") as f:

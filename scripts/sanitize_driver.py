@@ -35,23 +35,28 @@ CASES = [
     ("envelope_k64_bf16", dict(B=2, T=128, H=2, HV=2, K=64, V=64, gate="gk")),
     ("envelope_k128_bf16", dict(B=2, T=128, H=2, HV=2, K=128, V=128, gate="gk")),
     ("dense_tail_t100", dict(B=2, T=100, H=2, HV=2, K=128, V=64, gate="gk")),
-    ("varlen_1_63_65_7", dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="gk",
-                              varlen_lengths=[1, 63, 65, 7])),
-    ("varlen_padded", dict(B=1, T=256, H=2, HV=2, K=64, V=64, gate="gk",
-                           varlen_lengths=[100, 30, 70])),
+    ("varlen_1_63_65_7", dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="gk", varlen_lengths=[1, 63, 65, 7])),
+    ("varlen_padded", dict(B=1, T=256, H=2, HV=2, K=64, V=64, gate="gk", varlen_lengths=[100, 30, 70])),
     ("gva_h1_hv4", dict(B=1, T=128, H=1, HV=4, K=128, V=64, gate="gk")),
     ("g_gate_tail_t130", dict(B=2, T=130, H=2, HV=2, K=128, V=64, gate="g")),
-    ("no_gate_no_states", dict(B=1, T=150, H=1, HV=1, K=64, V=128, gate=None, dht=False,
-                               h0=False)),
-    ("fp16_varlen_g", dict(B=1, T=None, H=1, HV=2, K=128, V=64, gate="g",
-                           varlen_lengths=[70, 5], dtype=torch.float16)),
+    ("no_gate_no_states", dict(B=1, T=150, H=1, HV=1, K=64, V=128, gate=None, dht=False, h0=False)),
+    (
+        "fp16_varlen_g",
+        dict(B=1, T=None, H=1, HV=2, K=128, V=64, gate="g", varlen_lengths=[70, 5], dtype=torch.float16),
+    ),
     # Two consumer warpgroups per CTA (KDA_DHU_SM90_NWG=2; V % 128 == 0).
     ("wg2_envelope_k128", dict(B=2, T=128, H=2, HV=2, K=128, V=128, gate="gk", nwg=2)),
-    ("wg2_varlen_padded_g", dict(B=1, T=256, H=2, HV=2, K=64, V=128, gate="g",
-                                 varlen_lengths=[100, 30, 70], nwg=2)),
+    (
+        "wg2_varlen_padded_g",
+        dict(B=1, T=256, H=2, HV=2, K=64, V=128, gate="g", varlen_lengths=[100, 30, 70], nwg=2),
+    ),
     ("wg2_gva_tail_v256", dict(B=1, T=130, H=1, HV=2, K=128, V=256, gate="gk", nwg=2)),
-    ("svf_varlen_k128", dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="gk", state_v_first=True,
-                             varlen_lengths=[1, 63, 65, 7])),
+    (
+        "svf_varlen_k128",
+        dict(
+            B=1, T=None, H=2, HV=2, K=128, V=64, gate="gk", state_v_first=True, varlen_lengths=[1, 63, 65, 7]
+        ),
+    ),
     ("svf_wg2_tail_g", dict(B=2, T=100, H=2, HV=2, K=64, V=128, gate="g", state_v_first=True, nwg=2)),
 ]
 
@@ -88,8 +93,10 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
                 continue
             e = rel_err(o, r)
             if not e < TOL[dtype]:
-                raise AssertionError(f"{name} {label}: {out_name} relative error {e:.3e} "
-                                     f"(bar {TOL[dtype]:.0e}; inf = non-finite / unwritten)")
+                raise AssertionError(
+                    f"{name} {label}: {out_name} relative error {e:.3e} "
+                    f"(bar {TOL[dtype]:.0e}; inf = non-finite / unwritten)"
+                )
             if label == "poisoned":
                 parts.append(f"{out_name} {e:.1e}")
         if a["cu_seqlens"] is not None:

@@ -155,10 +155,8 @@ mod tests {
             }
         }
         let py = std::env::var_os("PYO3_PYTHON").unwrap_or_else(|| "python3".into());
-        let out = Command::new(py)
-            .args(["-c", "import nvidia.cu13 as m\nfor p in m.__path__: print(p)"])
-            .output()
-            .ok()?;
+        let out =
+            Command::new(py).args(["-c", "import nvidia.cu13 as m\nfor p in m.__path__: print(p)"]).output().ok()?;
         String::from_utf8(out.stdout)
             .ok()?
             .lines()

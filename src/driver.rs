@@ -32,11 +32,8 @@ pub fn error_name(res: CUresult) -> String {
             let _ = sys::cuGetErrorName(res, &mut name);
             let _ = sys::cuGetErrorString(res, &mut text);
         }
-        let name = if name.is_null() {
-            format!("{res:?}")
-        } else {
-            CStr::from_ptr(name).to_string_lossy().into_owned()
-        };
+        let name =
+            if name.is_null() { format!("{res:?}") } else { CStr::from_ptr(name).to_string_lossy().into_owned() };
         if text.is_null() {
             name
         } else {

@@ -145,7 +145,8 @@ mod tests {
     /// The image launch.rs loads for `arch` holds SASS for that exact target and a
     /// kernel function for each of the four entry points the planner can name.
     fn check_image(arch: Arch, sm: u32, min_text: usize) {
-        let c = find(arch.stem(), arch.sass()).unwrap_or_else(|| panic!("{} {} not embedded", arch.stem(), arch.sass()));
+        let c =
+            find(arch.stem(), arch.sass()).unwrap_or_else(|| panic!("{} {} not embedded", arch.stem(), arch.sass()));
         let elf = Elf::parse(&c.image.0);
         assert_eq!(elf.machine(), EM_CUDA, "{}: a CUDA ELF", arch.stem());
         assert_eq!(elf.sm(), sm, "{}: e_flags names SM {sm}", arch.stem());
@@ -154,7 +155,12 @@ mod tests {
         let tk = elf.section(".note.nv.tkinfo").expect("a .note.nv.tkinfo note");
         assert_eq!(tk.kind, SHT_NOTE);
         let text = String::from_utf8_lossy(elf.bytes(tk)).into_owned();
-        assert!(text.contains(&format!("-arch {}", arch.sass())), "{}: ptxas ran for {}: {text:?}", arch.stem(), arch.sass());
+        assert!(
+            text.contains(&format!("-arch {}", arch.sass())),
+            "{}: ptxas ran for {}: {text:?}",
+            arch.stem(),
+            arch.sass()
+        );
         let syms = elf.symbols();
         for name in entry_points(arch) {
             let (_, kind, shndx, size) = syms
@@ -181,7 +187,10 @@ mod tests {
         check_image(Arch::Sm100, 100, 4096);
         assert!(BUILD_INFO.contains("dhu_sm100 sm_100a kda_dhu_sm100_k128_bf16"), "{BUILD_INFO}");
         for name in entry_points(Arch::Sm100) {
-            let line = BUILD_INFO.lines().find(|l| l.contains(&format!("{name}:"))).unwrap_or_else(|| panic!("{name} in BUILD_INFO"));
+            let line = BUILD_INFO
+                .lines()
+                .find(|l| l.contains(&format!("{name}:")))
+                .unwrap_or_else(|| panic!("{name} in BUILD_INFO"));
             assert!(line.ends_with(", 0 bytes stack frame"), "{line}");
         }
     }

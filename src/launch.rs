@@ -144,16 +144,17 @@ fn driver() -> Result<&'static Driver> {
 fn attribute(dev: CUdevice, attr: CUdevice_attribute, ordinal: i32) -> Result<i32> {
     let mut v = 0;
     // SAFETY: out-pointer to a local.
-    check(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) }, || format!("cuDeviceGetAttribute({attr:?}) on cuda:{ordinal}"))?;
+    check(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) }, || {
+        format!("cuDeviceGetAttribute({attr:?}) on cuda:{ordinal}")
+    })?;
     Ok(v)
 }
 
 fn device(ordinal: i32) -> Result<&'static DeviceState> {
     let drv = driver()?;
-    let slot = usize::try_from(ordinal)
-        .ok()
-        .and_then(|i| drv.devices.get(i))
-        .ok_or_else(|| Error::device("device", format!("expected a CUDA ordinal in [0, {}), got {ordinal}", drv.devices.len())))?;
+    let slot = usize::try_from(ordinal).ok().and_then(|i| drv.devices.get(i)).ok_or_else(|| {
+        Error::device("device", format!("expected a CUDA ordinal in [0, {}), got {ordinal}", drv.devices.len()))
+    })?;
     slot.get_or_init(|| {
         let mut dev: CUdevice = 0;
         // SAFETY: out-pointer to a local.
@@ -223,9 +224,8 @@ impl DeviceState {
     fn kernels(&self, arch: Arch) -> Result<&Kernels> {
         self.kernels
             .get_or_init(|| {
-                let image = kernels::find(arch.stem(), arch.sass()).ok_or_else(|| {
-                    Error::Internal(format!("no embedded cubin for {} {}", arch.stem(), arch.sass()))
-                })?;
+                let image = kernels::find(arch.stem(), arch.sass())
+                    .ok_or_else(|| Error::Internal(format!("no embedded cubin for {} {}", arch.stem(), arch.sass())))?;
                 let mut module: CUmodule = std::ptr::null_mut();
                 // SAFETY: the image is a complete, 128-byte aligned cubin embedded for
                 // the process lifetime.
@@ -370,7 +370,13 @@ fn opt_ptr(t: &Option<TensorMeta>) -> u64 {
 }
 
 /// DhuParams without the tensor maps (pure: tested without a GPU).
-pub fn fill_scalars(args: &CallArgs, outs: &Outputs, desc: &CallDesc, config: &KernelConfig, nt: i64) -> Result<DhuParams> {
+pub fn fill_scalars(
+    args: &CallArgs,
+    outs: &Outputs,
+    desc: &CallDesc,
+    config: &KernelConfig,
+    nt: i64,
+) -> Result<DhuParams> {
     let varlen = desc.varlen();
     if varlen && args.chunk_offsets.is_none() {
         return Err(Error::value(
@@ -403,7 +409,12 @@ pub fn fill_scalars(args: &CallArgs, outs: &Outputs, desc: &CallDesc, config: &K
 
 /// The kernel, its DhuParams (descriptors included) and launch shape for a validated
 /// call and its outputs, under the Capable plan (NotPlanned when that says fallback).
-pub fn launch_params(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &Outputs) -> Result<(Arch, KernelConfig, DhuParams)> {
+pub fn launch_params(
+    args: &CallArgs,
+    desc: &CallDesc,
+    info: &DeviceInfo,
+    outs: &Outputs,
+) -> Result<(Arch, KernelConfig, DhuParams)> {
     let (arch, config) = match plan(desc, info, Rule::Capable) {
         Plan::Kernel { arch, config } => (arch, config),
         Plan::Fallback { reason } => return Err(Error::NotPlanned(reason)),
@@ -494,7 +505,10 @@ mod tests {
         let n = args.h0.as_ref().map_or(b, |h| h.shape[0]);
         Outputs {
             dh: TensorMeta::contiguous(0xd000_0000, &[b, nt, hv, k, v], args.q.dtype, Device::cpu()),
-            dh0: args.h0.as_ref().map(|_| TensorMeta::contiguous(0xe000_0000, &[n, hv, k, v], DType::F32, Device::cpu())),
+            dh0: args
+                .h0
+                .as_ref()
+                .map(|_| TensorMeta::contiguous(0xe000_0000, &[n, hv, k, v], DType::F32, Device::cpu())),
             dv2: TensorMeta::contiguous(0xf000_0000, &[b, t, hv, v], args.dv.dtype, Device::cpu()),
         }
     }
@@ -509,7 +523,14 @@ mod tests {
         let o = outs(&a, 16);
         let nt = validate_outputs(&desc, &o).unwrap();
         assert_eq!(nt, 16);
-        let config = KernelConfig { k: 64, dtype: DType::BF16, flags: FLAG_GK | FLAG_DHT | FLAG_DH0, grid: [2, 8, 2], nwg: 1, svf: false };
+        let config = KernelConfig {
+            k: 64,
+            dtype: DType::BF16,
+            flags: FLAG_GK | FLAG_DHT | FLAG_DH0,
+            grid: [2, 8, 2],
+            nwg: 1,
+            svf: false,
+        };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
         assert_eq!(p.scale, 0.5);
@@ -531,7 +552,14 @@ mod tests {
         a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I64, Device::cpu()));
         let desc = validate(&a, false).unwrap();
         let o = outs(&a, 17);
-        let config = KernelConfig { k: 128, dtype: DType::BF16, flags: FLAG_GK | FLAG_VARLEN, grid: [1, 4, 3], nwg: 1, svf: false };
+        let config = KernelConfig {
+            k: 128,
+            dtype: DType::BF16,
+            flags: FLAG_GK | FLAG_VARLEN,
+            grid: [1, 4, 3],
+            nwg: 1,
+            svf: false,
+        };
         let e = fill_scalars(&a, &o, &desc, &config, 17).unwrap_err();
         assert!(e.to_string().starts_with("chunk_offsets: expected a tensor with cu_seqlens"), "{e}");
         a.chunk_offsets = Some(TensorMeta::contiguous(0x80, &[4], DType::I64, Device::cpu()));
@@ -546,7 +574,9 @@ mod tests {
         for t in [&mut a.q, &mut a.k, &mut a.w, &mut a.do_, &mut a.dv] {
             t.device = Device::cuda(0);
         }
-        for t in [&mut a.g, &mut a.gk, &mut a.h0, &mut a.dht, &mut a.cu_seqlens, &mut a.chunk_offsets].into_iter().flatten() {
+        for t in
+            [&mut a.g, &mut a.gk, &mut a.h0, &mut a.dht, &mut a.cu_seqlens, &mut a.chunk_offsets].into_iter().flatten()
+        {
             t.device = Device::cuda(0);
         }
         a
@@ -672,11 +702,18 @@ mod tests {
         });
         let cache: TmaCache = std::sync::Mutex::new(Lru::new(64));
         let shape = TmaShape { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, nt: 1, dtype: DType::BF16, svf: false };
-        let mut ptrs = TmaPointers { q: 0x1000, k: 0x2000, w: 0x3000, do_: 0x4000, dv: 0x5000, dv2: 0x6000, dh: 0x7000 };
+        let mut ptrs =
+            TmaPointers { q: 0x1000, k: 0x2000, w: 0x3000, do_: 0x4000, dv: 0x5000, dv2: 0x6000, dh: 0x7000 };
         for t in 1..64 {
             let mut s = shape;
             s.t = t;
-            let _ = lookup_or_encode(&cache, TmaKey { ordinal: 0, shape: s }, &ptrs, || Ok(unsafe { std::mem::zeroed() }), |_, _, _| Ok(()));
+            let _ = lookup_or_encode(
+                &cache,
+                TmaKey { ordinal: 0, shape: s },
+                &ptrs,
+                || Ok(unsafe { std::mem::zeroed() }),
+                |_, _, _| Ok(()),
+            );
         }
         let key = TmaKey { ordinal: 0, shape };
         let mut i = 0u64;
@@ -684,10 +721,16 @@ mod tests {
             i += 1;
             ptrs.dh = 0x10_0000 + 16 * (i % 2);
             ptrs.dv2 = 0x20_0000 + 16 * (i % 2);
-            let m = lookup_or_encode(&cache, key, &ptrs, || Ok(unsafe { std::mem::zeroed() }), |m, _, a| {
-                m.opaque[0] = a;
-                Ok(())
-            });
+            let m = lookup_or_encode(
+                &cache,
+                key,
+                &ptrs,
+                || Ok(unsafe { std::mem::zeroed() }),
+                |m, _, a| {
+                    m.opaque[0] = a;
+                    Ok(())
+                },
+            );
             std::hint::black_box(m.unwrap());
         });
     }

@@ -90,7 +90,10 @@ fn scale_arg(obj: Option<&Bound<'_, PyAny>>) -> error::Result<Option<f64>> {
         match o.extract::<f64>() {
             Ok(x) => return Ok(Some(x)),
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) => {
-                return Err(Error::value("scale", format!("expected a finite float, got {} (too large for float64)", py_type_name(o))));
+                return Err(Error::value(
+                    "scale",
+                    format!("expected a finite float, got {} (too large for float64)", py_type_name(o)),
+                ));
             }
             Err(_) => {}
         }
@@ -108,7 +111,7 @@ fn is_complex_or_bool(o: &Bound<'_, PyAny>) -> bool {
     let Ok(dt) = o.getattr("dtype") else { return false };
     if let Ok(c) = dt.getattr("is_complex") {
         // a torch.dtype: is_complex is a bool attribute; torch.bool is its own dtype
-        let bool_dtype = dt.repr().map(|r| r.to_string() == "torch.bool").unwrap_or(false);
+        let bool_dtype = dt.repr().map(|r| r == "torch.bool").unwrap_or(false);
         return c.extract::<bool>().unwrap_or(false) || bool_dtype;
     }
     dt.getattr("kind").and_then(|k| k.extract::<String>()).map(|k| k == "c" || k == "b").unwrap_or(false)
@@ -139,8 +142,7 @@ fn chunk_size_arg(arg: &Arg<'_>) -> error::Result<i64> {
 /// `state_v_first`: a bool (Python's or numpy's). Not passed or None: False.
 fn state_v_first_arg(arg: &Arg<'_>) -> error::Result<bool> {
     let Some(o) = arg.0.as_ref().filter(|o| !o.is_none()) else { return Ok(false) };
-    o.extract::<bool>()
-        .map_err(|_| Error::type_("state_v_first", format!("expected a bool, got {}", py_type_name(o))))
+    o.extract::<bool>().map_err(|_| Error::type_("state_v_first", format!("expected a bool, got {}", py_type_name(o))))
 }
 
 /// fla's arguments, read through DLPack (the signature order of
@@ -211,13 +213,29 @@ fn py_validate(
     chunk_offsets: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     guard(|| {
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
+        let a = call_args(
+            q,
+            k,
+            w,
+            r#do,
+            dv,
+            g,
+            gk,
+            h0,
+            dht,
+            scale,
+            &state_v_first,
+            cu_seqlens,
+            &chunk_size,
+            chunk_offsets,
+        )?;
         validate::validate(&a, false).map(|_| ())
     })
 }
 
 fn parse_rule(rule: &str) -> error::Result<Rule> {
-    Rule::parse(rule).ok_or_else(|| Error::value("rule", format!("expected 'b2a', 'extended' or 'capable', got {rule:?}")))
+    Rule::parse(rule)
+        .ok_or_else(|| Error::value("rule", format!("expected 'b2a', 'extended' or 'capable', got {rule:?}")))
 }
 
 /// Full validation (device included) and the plan under `rule` ("b2a", "extended" or "capable"):
@@ -244,7 +262,22 @@ fn py_plan(
 ) -> PyResult<(bool, String)> {
     guard(|| {
         let rule = parse_rule(rule)?;
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
+        let a = call_args(
+            q,
+            k,
+            w,
+            r#do,
+            dv,
+            g,
+            gk,
+            h0,
+            dht,
+            scale,
+            &state_v_first,
+            cu_seqlens,
+            &chunk_size,
+            chunk_offsets,
+        )?;
         let (_, p) = launch::plan_call(&a, rule)?;
         Ok(p.describe())
     })
@@ -280,7 +313,8 @@ impl PyPrepared {
         stream: u64,
     ) -> PyResult<()> {
         guard(|| {
-            let co = if self.call.desc.varlen() { TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")? } else { None };
+            let co =
+                if self.call.desc.varlen() { TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")? } else { None };
             let o = outputs(dh, dh0, dv2)?;
             self.call.launch(&o, co, stream)
         })
@@ -329,7 +363,22 @@ fn py_prepare<'py>(
 ) -> PyResult<(bool, String, Bound<'py, PyPrepared>)> {
     let (ok, reason, call) = guard(|| {
         let rule = parse_rule(rule)?;
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
+        let a = call_args(
+            q,
+            k,
+            w,
+            r#do,
+            dv,
+            g,
+            gk,
+            h0,
+            dht,
+            scale,
+            &state_v_first,
+            cu_seqlens,
+            &chunk_size,
+            chunk_offsets,
+        )?;
         let (call, p) = launch::Prepared::new(a, rule)?;
         let (ok, reason) = p.describe();
         Ok((ok, reason, call))
@@ -382,7 +431,22 @@ fn py_launch(
     stream: u64,
 ) -> PyResult<()> {
     guard(|| {
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, cu_seqlens, &chunk_size, chunk_offsets)?;
+        let a = call_args(
+            q,
+            k,
+            w,
+            r#do,
+            dv,
+            g,
+            gk,
+            h0,
+            dht,
+            scale,
+            &state_v_first,
+            cu_seqlens,
+            &chunk_size,
+            chunk_offsets,
+        )?;
         let o = outputs(dh, dh0, dv2)?;
         launch::launch(&a, &o, stream)
     })

@@ -260,12 +260,12 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
     let chunk_clause = || (desc.chunk_size != BT).then(|| format!("chunk_size != 64 (chunk_size={})", desc.chunk_size));
     let k_clause = || (d.k != 64 && d.k != 128).then(|| format!("K not in {{64, 128}} (K={})", d.k));
     let v_clause = || (d.v % BV != 0).then(|| format!("V % 64 != 0 (V={})", d.v));
-    let dtype_clause =
-        || (!dtype.is_half16()).then(|| format!("dtype not in {{bfloat16, float16}} (q is {dtype})"));
+    let dtype_clause = || (!dtype.is_half16()).then(|| format!("dtype not in {{bfloat16, float16}} (q is {dtype})"));
     let same_dtype_clause = || {
         (desc.dv_dtype != dtype).then(|| format!("dtypes differ (q, k, w are {dtype}; do, dv are {})", desc.dv_dtype))
     };
-    let svf_clause = || desc.state_v_first.then(|| "state_v_first=True (the seed's kernel stores [K, V] states)".to_string());
+    let svf_clause =
+        || desc.state_v_first.then(|| "state_v_first=True (the seed's kernel stores [K, V] states)".to_string());
     let grid_clause = || {
         if d.hv > MAX_GRID_YZ {
             Some(format!("HV = {} > {MAX_GRID_YZ} (grid y limit)", d.hv))
@@ -327,7 +327,9 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 // Measured on Hopper only: the sm_100 kernel takes its whole envelope.
                 clauses.extend([
                     (ctas < MIN_CTAS_EXTENDED).then(|| format!("N*HV*(V/64) = {ctas} < {MIN_CTAS_EXTENDED} CTAs")),
-                    (!desc.varlen() && 2 * ctas <= i64::from(dev.sm_count) && (d.t + BT - 1) / BT >= LONG_SEQUENCE_CHUNKS)
+                    (!desc.varlen()
+                        && 2 * ctas <= i64::from(dev.sm_count)
+                        && (d.t + BT - 1) / BT >= LONG_SEQUENCE_CHUNKS)
                         .then(|| {
                             format!(
                                 "{ctas} CTAs <= half of {} SMs with {} chunks per sequence: the chain-bound \
@@ -520,7 +522,12 @@ mod tests {
     /// reason or None when Extended takes the kernel).
     fn clauses() -> Vec<(&'static str, Mutation, &'static str, Option<&'static str>)> {
         vec![
-            ("chunk_size", |d| d.chunk_size = 32, "chunk_size != 64 (chunk_size=32)", Some("chunk_size != 64 (chunk_size=32)")),
+            (
+                "chunk_size",
+                |d| d.chunk_size = 32,
+                "chunk_size != 64 (chunk_size=32)",
+                Some("chunk_size != 64 (chunk_size=32)"),
+            ),
             ("tail", |d| d.dims.t = 1000, "T % 64 != 0 (T=1000)", None),
             ("K=256", |d| d.dims.k = 256, "K not in {64, 128} (K=256)", Some("K not in {64, 128} (K=256)")),
             ("K=96", |d| d.dims.k = 96, "K not in {64, 128} (K=96)", Some("K not in {64, 128} (K=96)")),
@@ -554,7 +561,12 @@ mod tests {
                 "gk is None (the B2a kernel is the gk path)",
                 None,
             ),
-            ("g and gk", |d| d.has_g = true, "g is given (the B2a kernel is the gk path)", Some("both g and gk are given")),
+            (
+                "g and gk",
+                |d| d.has_g = true,
+                "g is given (the B2a kernel is the gk path)",
+                Some("both g and gk are given"),
+            ),
             (
                 "GVA",
                 |d| {
@@ -602,9 +614,24 @@ mod tests {
             ),
             ("w strided", |d| set_layout(d, "w", false, true), "w is not contiguous", Some("w is not contiguous")),
             ("q strided", |d| set_layout(d, "q", false, true), "q is not contiguous", Some("q is not contiguous")),
-            ("dv misaligned", |d| set_layout(d, "dv", true, false), "dv is not 16-byte aligned", Some("dv is not 16-byte aligned")),
-            ("gk misaligned", |d| set_layout(d, "gk", true, false), "gk is not 16-byte aligned", Some("gk is not 16-byte aligned")),
-            ("dht misaligned", |d| set_layout(d, "dht", true, false), "dht is not 16-byte aligned", Some("dht is not 16-byte aligned")),
+            (
+                "dv misaligned",
+                |d| set_layout(d, "dv", true, false),
+                "dv is not 16-byte aligned",
+                Some("dv is not 16-byte aligned"),
+            ),
+            (
+                "gk misaligned",
+                |d| set_layout(d, "gk", true, false),
+                "gk is not 16-byte aligned",
+                Some("gk is not 16-byte aligned"),
+            ),
+            (
+                "dht misaligned",
+                |d| set_layout(d, "dht", true, false),
+                "dht is not 16-byte aligned",
+                Some("dht is not 16-byte aligned"),
+            ),
             ("h0 strided", |d| set_layout(d, "h0", false, true), "h0 is not contiguous", Some("h0 is not contiguous")),
             // h0 is never read: its alignment does not matter.
             ("h0 misaligned", |d| set_layout(d, "h0", true, false), "", None),
@@ -617,7 +644,12 @@ mod tests {
                 "HV = 131072 > 65535 (grid y limit)",
                 Some("HV = 131072 > 65535 (grid y limit)"),
             ),
-            ("N too large", |d| varlen(d, 70000), "cu_seqlens is given", Some("N = 70000 sequences > 65535 (grid z limit)")),
+            (
+                "N too large",
+                |d| varlen(d, 70000),
+                "cu_seqlens is given",
+                Some("N = 70000 sequences > 65535 (grid z limit)"),
+            ),
             (
                 "T too large",
                 |d| d.dims.t = 1 << 31,
@@ -988,7 +1020,9 @@ mod tests {
         c.svf = true;
         for (nwg, first, suffix) in [(1u32, 8usize, "_svf"), (2, 12, "_wg2_svf")] {
             c.nwg = nwg;
-            for (i, (k, dt)) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)].into_iter().enumerate() {
+            for (i, (k, dt)) in
+                [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)].into_iter().enumerate()
+            {
                 c.k = k;
                 c.dtype = dt;
                 let name = format!("kda_dhu_sm90_k{k}_{}{suffix}", if dt == DType::BF16 { "bf16" } else { "fp16" });

@@ -52,11 +52,8 @@ pub fn parse_ptxas(report: &str) -> Vec<FuncReport> {
         } else if line.contains("Used ") && line.contains(" registers") {
             if let Some(i) = current_entry {
                 let f = &mut funcs[i];
-                f.registers = line
-                    .split("Used ")
-                    .nth(1)
-                    .and_then(|r| r.split_whitespace().next())
-                    .and_then(|n| n.parse().ok());
+                f.registers =
+                    line.split("Used ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok());
                 f.smem = number_before(line, " bytes smem");
             }
         }
@@ -71,7 +68,6 @@ pub fn number_before(line: &str, suffix: &str) -> Option<u64> {
     let start = head.rfind(|c: char| !c.is_ascii_digit()).map_or(0, |i| i + 1);
     head[start..].parse().ok()
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,11 @@ pub enum DType {
     I32,
     I64,
     /// Anything else, as DLPack (code, bits, lanes).
-    Other { code: u8, bits: u8, lanes: u16 },
+    Other {
+        code: u8,
+        bits: u8,
+        lanes: u16,
+    },
 }
 
 impl DType {
@@ -217,10 +221,10 @@ mod py {
     use super::*;
     use dlpack_rs::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
     use pyo3::intern;
-    use std::os::raw::{c_int, c_void};
     use pyo3::prelude::*;
     use pyo3::sync::PyOnceLock;
     use pyo3::types::{PyCapsule, PyDict, PyType};
+    use std::os::raw::{c_int, c_void};
 
     /// torch's C exporter: `torch.Tensor.__dlpack__` is a Python method costing ~2.4 us
     /// a tensor (keyword handling, stream and device checks) where the C function it
@@ -292,7 +296,11 @@ mod py {
             .get_or_try_init(py, || -> PyResult<Torch> {
                 let torch = py.import("torch")?;
                 let tensor = torch.getattr("Tensor")?;
-                let exchange = if std::env::var_os("KDA_DHU_NO_EXCHANGE_API").is_some() { None } else { exchange_api(&torch, &tensor) };
+                let exchange = if std::env::var_os("KDA_DHU_NO_EXCHANGE_API").is_some() {
+                    None
+                } else {
+                    exchange_api(&torch, &tensor)
+                };
                 Ok(Torch {
                     tensor: tensor.cast_into::<PyType>()?.unbind(),
                     parameter: torch.getattr("nn")?.getattr("Parameter")?.cast_into::<PyType>()?.unbind(),
@@ -305,10 +313,7 @@ mod py {
 
     /// "list", "numpy.float32", "mymodule.Thing": the type of `obj` for messages.
     fn type_name(obj: &Bound<'_, PyAny>) -> String {
-        obj.get_type()
-            .fully_qualified_name()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|_| "an object".to_string())
+        obj.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".to_string())
     }
 
     /// torch's lazy negation (`x.is_neg()`, e.g. from `z.conj().imag`) is not in DLPack:
@@ -316,10 +321,7 @@ mod py {
     /// capsule would silently flip the sign. Refused, naming the fix.
     fn refuse_neg_bit(obj: &Bound<'_, PyAny>, arg: &'static str) -> Result<()> {
         let py = obj.py();
-        let neg = obj
-            .call_method0(intern!(py, "is_neg"))
-            .and_then(|r| r.is_truthy())
-            .unwrap_or(false);
+        let neg = obj.call_method0(intern!(py, "is_neg")).and_then(|r| r.is_truthy()).unwrap_or(false);
         if neg {
             return Err(Error::layout(
                 arg,
@@ -441,7 +443,10 @@ mod py {
     /// array when ndim > 0, else an error naming `arg`.
     fn meta_of(dl: &DLTensor, arg: &'static str) -> Result<TensorMeta> {
         if !(0..=MAX_NDIM).contains(&dl.ndim) {
-            return Err(Error::shape(arg, format!("expected 0 <= ndim <= {MAX_NDIM} from DLPack, got ndim = {}", dl.ndim)));
+            return Err(Error::shape(
+                arg,
+                format!("expected 0 <= ndim <= {MAX_NDIM} from DLPack, got ndim = {}", dl.ndim),
+            ));
         }
         if dl.ndim > 0 && dl.shape.is_null() {
             return Err(Error::value(arg, format!("DLPack shape pointer is NULL for a {}-D tensor", dl.ndim)));
@@ -537,10 +542,7 @@ mod py {
                     if let Some(x) = t.exchange {
                         return read_exchange(x, obj, arg);
                     }
-                    t.to_dlpack
-                        .bind(py)
-                        .call1((obj,))
-                        .map_err(|e| export_failed(arg, &e.to_string()))?
+                    t.to_dlpack.bind(py).call1((obj,)).map_err(|e| export_failed(arg, &e.to_string()))?
                 }
                 _ => {
                     if !obj.hasattr(intern!(py, "__dlpack__")).unwrap_or(false) {
@@ -551,13 +553,11 @@ mod py {
                     }
                     // A torch subclass that requires grad: __dlpack__ refuses it; the
                     // data is the same without the autograd flag.
-                    let needs_detach = obj
-                        .getattr(intern!(py, "requires_grad"))
-                        .is_ok_and(|r| r.is_truthy().unwrap_or(false));
+                    let needs_detach =
+                        obj.getattr(intern!(py, "requires_grad")).is_ok_and(|r| r.is_truthy().unwrap_or(false));
                     let source = if needs_detach {
-                        obj.call_method0(intern!(py, "detach")).map_err(|e| {
-                            Error::value(arg, format!("requires grad and detach() failed: {e}"))
-                        })?
+                        obj.call_method0(intern!(py, "detach"))
+                            .map_err(|e| Error::value(arg, format!("requires grad and detach() failed: {e}")))?
                     } else {
                         obj.clone()
                     };

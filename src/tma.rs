@@ -14,11 +14,11 @@
 use crate::driver::{check, driver_present, require_driver};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use std::sync::{Mutex, OnceLock};
 use cudarc::driver::sys::{
-    self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
-    CUtensorMapL2promotion, CUtensorMapSwizzle,
+    self, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion,
+    CUtensorMapSwizzle,
 };
+use std::sync::{Mutex, OnceLock};
 
 /// Rows (tokens) and columns of one TMA box of q, k, w, do, dv, dv2.
 pub const BOX_ROWS: u32 = 64;
@@ -85,7 +85,14 @@ fn tma_dtype(dtype: DType) -> Result<CUtensorMapDataType> {
 
 /// A [rows..., row of `inner` elements] tensor tiled by (BOX_COLS, 1, BOX_ROWS, 1):
 /// dims (inner, heads, T, B).
-fn token_major(tensor: &'static str, s: &TmaShape, dt: CUtensorMapDataType, addr: u64, heads: u64, inner: u64) -> TmaSpec {
+fn token_major(
+    tensor: &'static str,
+    s: &TmaShape,
+    dt: CUtensorMapDataType,
+    addr: u64,
+    heads: u64,
+    inner: u64,
+) -> TmaSpec {
     let e = s.dtype.size_bytes();
     TmaSpec {
         tensor,
@@ -185,7 +192,12 @@ pub fn encode(s: &TmaSpec) -> Result<CUtensorMap> {
             OOB_FILL,
         )
     };
-    check(res, || format!("cuTensorMapEncodeTiled for {} (dims {:?}, byte strides {:?}, box {:?})", s.tensor, s.dims, s.strides, s.box_dim))?;
+    check(res, || {
+        format!(
+            "cuTensorMapEncodeTiled for {} (dims {:?}, byte strides {:?}, box {:?})",
+            s.tensor, s.dims, s.strides, s.box_dim
+        )
+    })?;
     Ok(map)
 }
 
@@ -397,7 +409,13 @@ pub fn tensor_maps(ordinal: i32, shape: &TmaShape, ptrs: &TmaPointers) -> Result
     if !replace_supported() {
         return build_tensor_maps(shape, ptrs);
     }
-    lookup_or_encode(&TMA_CACHE, TmaKey { ordinal, shape: *shape }, ptrs, || build_tensor_maps(shape, ptrs), replace_address)
+    lookup_or_encode(
+        &TMA_CACHE,
+        TmaKey { ordinal, shape: *shape },
+        ptrs,
+        || build_tensor_maps(shape, ptrs),
+        replace_address,
+    )
 }
 
 /// (hits, misses, evictions, entries, capacity) of the process's cache.
@@ -527,7 +545,12 @@ mod tests {
     }
 
     /// One call through `lookup_or_encode`: (maps, encoded?, replaced tensors).
-    fn call(cache: &TmaCache, k: TmaKey, p: &TmaPointers, serial: u64) -> Result<([CUtensorMap; 7], bool, Vec<&'static str>)> {
+    fn call(
+        cache: &TmaCache,
+        k: TmaKey,
+        p: &TmaPointers,
+        serial: u64,
+    ) -> Result<([CUtensorMap; 7], bool, Vec<&'static str>)> {
         let encoded = std::cell::Cell::new(false);
         let replaced = std::cell::RefCell::new(Vec::new());
         let maps = lookup_or_encode(
@@ -669,7 +692,13 @@ mod tests {
         call(&cache, key(0, 1000), &p, 0).unwrap();
         let mut p2 = p;
         p2.q = 0x9000;
-        let r = lookup_or_encode(&cache, key(0, 1000), &p2, || unreachable!(), |_, _, _| Err(Error::Internal("replace".into())));
+        let r = lookup_or_encode(
+            &cache,
+            key(0, 1000),
+            &p2,
+            || unreachable!(),
+            |_, _, _| Err(Error::Internal("replace".into())),
+        );
         assert!(r.is_err());
         let (maps, _, replaced) = call(&cache, key(0, 1000), &p, 0).unwrap();
         assert!(replaced.is_empty(), "the entry still holds the first addresses");

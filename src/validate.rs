@@ -88,7 +88,11 @@ fn fmt_f64(x: f64) -> String {
     if x.is_nan() {
         "nan".into()
     } else if x.is_infinite() {
-        if x > 0.0 { "inf".into() } else { "-inf".into() }
+        if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
     } else {
         format!("{x}")
     }
@@ -99,20 +103,14 @@ fn expect_shape(t: &TensorMeta, arg: &'static str, want: &[i64], names: &[&str],
         return Ok(());
     }
     let parts: Vec<String> = names.iter().zip(want).map(|(n, d)| format!("{n}={d}")).collect();
-    Err(Error::shape(
-        arg,
-        format!("expected shape [{}]{like}, got {}", parts.join(", "), fmt_shape(&t.shape)),
-    ))
+    Err(Error::shape(arg, format!("expected shape [{}]{like}, got {}", parts.join(", "), fmt_shape(&t.shape))))
 }
 
 fn expect_rank(t: &TensorMeta, arg: &'static str, rank: usize, what: &str) -> Result<()> {
     if t.ndim() == rank {
         Ok(())
     } else {
-        Err(Error::shape(
-            arg,
-            format!("expected a {rank}-D tensor {what}, got shape {}", fmt_shape(&t.shape)),
-        ))
+        Err(Error::shape(arg, format!("expected a {rank}-D tensor {what}, got shape {}", fmt_shape(&t.shape))))
     }
 }
 
@@ -264,11 +262,8 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
         }
     }
 
-    let (state_want, state_names): ([i64; 4], [&str; 4]) = if a.state_v_first {
-        ([n, hv, v, k], ["N", "HV", "V", "K"])
-    } else {
-        ([n, hv, k, v], ["N", "HV", "K", "V"])
-    };
+    let (state_want, state_names): ([i64; 4], [&str; 4]) =
+        if a.state_v_first { ([n, hv, v, k], ["N", "HV", "V", "K"]) } else { ([n, hv, k, v], ["N", "HV", "K", "V"]) };
     let state_like = if a.state_v_first { " (state_v_first=True)" } else { "" };
     if let Some(h0) = &a.h0 {
         expect_shape(h0, "h0", &state_want, &state_names, state_like)?;
@@ -320,7 +315,8 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
         if t.ptr == 0 && t.numel() > 0 {
             return Err(Error::layout(
                 name,
-                "expected a tensor backed by memory, got a null data pointer (a ZeroTensor? pass torch.zeros)".to_string(),
+                "expected a tensor backed by memory, got a null data pointer (a ZeroTensor? pass torch.zeros)"
+                    .to_string(),
             ));
         }
     }
@@ -406,7 +402,10 @@ fn expect_output_layout(t: &TensorMeta, arg: &'static str, device: Option<i32>) 
     }
     if let Some(d) = device {
         if !t.device.is_cuda() || t.device.id != d {
-            return Err(Error::device(arg, format!("expected a tensor on cuda:{d} like q, got a tensor on {}", t.device)));
+            return Err(Error::device(
+                arg,
+                format!("expected a tensor on cuda:{d} like q, got a tensor on {}", t.device),
+            ));
         }
     }
     Ok(())
@@ -510,9 +509,8 @@ pub(crate) mod tests {
         for t in [&mut a.q, &mut a.k, &mut a.w, &mut a.do_, &mut a.dv] {
             t.device = Device::cuda(id);
         }
-        for t in [&mut a.g, &mut a.gk, &mut a.h0, &mut a.dht, &mut a.cu_seqlens, &mut a.chunk_offsets]
-            .into_iter()
-            .flatten()
+        for t in
+            [&mut a.g, &mut a.gk, &mut a.h0, &mut a.dht, &mut a.cu_seqlens, &mut a.chunk_offsets].into_iter().flatten()
         {
             t.device = Device::cuda(id);
         }
@@ -564,7 +562,10 @@ pub(crate) mod tests {
             (Box::new(|a| a.q.shape = vec![2, 128, 4]), "q: expected a 4-D tensor [B, T, H, K], got shape [2, 128, 4]"),
             (Box::new(|a| a.q.shape[1] = 0), "q: expected T >= 1 (shape [B, T, H, K]), got [2, 0, 4, 128]"),
             (Box::new(|a| a.q.shape[0] = 0), "q: expected B >= 1 (shape [B, T, H, K]), got [0, 128, 4, 128]"),
-            (Box::new(|a| a.q.shape[3] = 512), "q: expected 1 <= K <= 256 (shape [B, T, H, K]), got K=512 in [2, 128, 4, 512]"),
+            (
+                Box::new(|a| a.q.shape[3] = 512),
+                "q: expected 1 <= K <= 256 (shape [B, T, H, K]), got K=512 in [2, 128, 4, 512]",
+            ),
             (Box::new(|a| a.k.shape[2] = 2), "k: expected shape [B=2, T=128, H=4, K=128] like q, got [2, 128, 2, 128]"),
             (Box::new(|a| a.w.shape[3] = 64), "w: expected shape [B=2, T=128, HV=4, K=128], got [2, 128, 4, 64]"),
             (Box::new(|a| a.w.shape[1] = 64), "w: expected shape [B=2, T=128, HV=4, K=128], got [2, 64, 4, 128]"),
@@ -573,14 +574,26 @@ pub(crate) mod tests {
                 "w: expected HV (dim 2) to be a positive multiple of H=4 (q's heads), got HV=6",
             ),
             (Box::new(|a| a.do_.shape[2] = 8), "do: expected shape [B=2, T=128, HV=4, V=64], got [2, 128, 8, 64]"),
-            (Box::new(|a| a.dv.shape[3] = 32), "dv: expected shape [B=2, T=128, HV=4, V=64] like do, got [2, 128, 4, 32]"),
+            (
+                Box::new(|a| a.dv.shape[3] = 32),
+                "dv: expected shape [B=2, T=128, HV=4, V=64] like do, got [2, 128, 4, 32]",
+            ),
             (
                 Box::new(|a| a.g = Some(TensorMeta::contiguous(0, &[2, 128], DType::F32, Device::cpu()))),
                 "g: expected shape [B=2, T=128, HV=4], got [2, 128]",
             ),
-            (Box::new(|a| a.gk.as_mut().unwrap().shape[3] = 64), "gk: expected shape [B=2, T=128, HV=4, K=128], got [2, 128, 4, 64]"),
-            (Box::new(|a| a.dht.as_mut().unwrap().shape = vec![2, 4, 64, 128]), "dht: expected shape [N=2, HV=4, K=128, V=64], got [2, 4, 64, 128]"),
-            (Box::new(|a| a.h0.as_mut().unwrap().shape[0] = 3), "h0: expected shape [N=2, HV=4, K=128, V=64], got [3, 4, 128, 64]"),
+            (
+                Box::new(|a| a.gk.as_mut().unwrap().shape[3] = 64),
+                "gk: expected shape [B=2, T=128, HV=4, K=128], got [2, 128, 4, 64]",
+            ),
+            (
+                Box::new(|a| a.dht.as_mut().unwrap().shape = vec![2, 4, 64, 128]),
+                "dht: expected shape [N=2, HV=4, K=128, V=64], got [2, 4, 64, 128]",
+            ),
+            (
+                Box::new(|a| a.h0.as_mut().unwrap().shape[0] = 3),
+                "h0: expected shape [N=2, HV=4, K=128, V=64], got [3, 4, 128, 64]",
+            ),
         ];
         for (mutate, msg) in cases {
             let mut a = base();
@@ -828,10 +841,18 @@ pub(crate) mod tests {
             ("gk offset by one float", |a| a.gk.as_mut().unwrap().ptr += 4, "gk is not 16-byte aligned"),
             ("dht offset by one float", |a| a.dht.as_mut().unwrap().ptr += 4, "dht is not 16-byte aligned"),
             // dht.mT.contiguous().mT: right shape, K and V strides swapped
-            ("dht column-major", |a| a.dht.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]), "dht is not contiguous"),
+            (
+                "dht column-major",
+                |a| a.dht.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]),
+                "dht is not contiguous",
+            ),
             // h0 is never read: only its presence matters
             ("h0 offset", |a| a.h0.as_mut().unwrap().ptr += 4, ""),
-            ("h0 transposed", |a| a.h0.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]), "h0 is not contiguous"),
+            (
+                "h0 transposed",
+                |a| a.h0.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]),
+                "h0 is not contiguous",
+            ),
         ];
         for (what, mutate, want) in views {
             let mut b = a.clone();
@@ -877,7 +898,10 @@ pub(crate) mod tests {
         );
         let mut bad = o.clone();
         bad.dh.dtype = DType::F32;
-        assert_eq!(validate_outputs(&d, &bad).unwrap_err().to_string(), "dh: expected dtype bfloat16 like q, got float32");
+        assert_eq!(
+            validate_outputs(&d, &bad).unwrap_err().to_string(),
+            "dh: expected dtype bfloat16 like q, got float32"
+        );
         let mut bad = o.clone();
         bad.dh0 = None;
         assert_eq!(validate_outputs(&d, &bad).unwrap_err().py_kind(), PyKind::TypeError);

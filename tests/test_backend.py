@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 import functools
 import importlib
 import logging
+import re
 import sys
 
 import pytest
@@ -30,10 +29,12 @@ def _registry():
 
 def _spy(name, result, calls):
     """A stand-in for D.<name> with its signature (fla_backend binds by signature)."""
+
     @functools.wraps(getattr(D, name))
     def spy(**kwargs):
         calls.append(kwargs)
         return result
+
     return spy
 
 
@@ -119,8 +120,10 @@ def test_verifier_rejects_cpu_call_without_raising(registered, rng):
     assert want[0] is False  # whatever the planner says on CPU, it is a rejection
     for args, kwargs in (
         ((), inp),
-        ((inp["q"], inp["k"], inp["w"], inp["do"], inp["dv"]),
-         {k: v for k, v in inp.items() if k not in ("q", "k", "w", "do", "dv")}),
+        (
+            (inp["q"], inp["k"], inp["w"], inp["do"], inp["dv"]),
+            {k: v for k, v in inp.items() if k not in ("q", "k", "w", "do", "dv")},
+        ),
     ):
         accepted, reason = registered.verify(NAME, *args, **kwargs)
         assert accepted is False
@@ -145,8 +148,17 @@ def test_fla_dispatch_routes_accepted_calls_to_kda_dhu(monkeypatch, rng):
     planned, ran = [], []
     monkeypatch.setattr(D, "plan_call", _spy("plan_call", (True, None), planned))
     monkeypatch.setattr(D, NAME, _spy(NAME, "ours", ran))
-    out = _fla_entry()(inp["q"], inp["k"], inp["w"], inp["do"], inp["dv"],
-                       gk=inp["gk"], dht=inp["dht"], h0=inp["h0"], scale=inp["scale"])
+    out = _fla_entry()(
+        inp["q"],
+        inp["k"],
+        inp["w"],
+        inp["do"],
+        inp["dv"],
+        gk=inp["gk"],
+        dht=inp["dht"],
+        h0=inp["h0"],
+        scale=inp["scale"],
+    )
     assert out == "ours"
     assert len(planned) == 1 and len(ran) == 1
     for kw in (planned[0], ran[0]):

@@ -31,14 +31,13 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+import kda_dhu
 import numpy as np
 import pytest
 import torch
-
-import kda_dhu
 from kda_dhu import _dispatch
 
 _core = pytest.importorskip("kda_dhu._core")
@@ -52,7 +51,7 @@ def call(B=B_, T=T_, H=H_, HV=HV_, K=K_, V=V_, dtype=BF16, gate="gk", N=None, se
     return {key: val.clone() for key, val in _call(B, T, H, HV, K, V, dtype, gate, N, seed).items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _call(B, T, H, HV, K, V, dtype, gate, N, seed) -> dict:
     gen = torch.Generator().manual_seed(seed)
     N = B if N is None else N
@@ -60,8 +59,15 @@ def _call(B, T, H, HV, K, V, dtype, gate, N, seed) -> dict:
     def r(*shape, dt=dtype):
         return torch.randn(*shape, generator=gen).to(dt)
 
-    kw = dict(q=r(B, T, H, K), k=r(B, T, H, K), w=r(B, T, HV, K), do=r(B, T, HV, V),
-              dv=r(B, T, HV, V), h0=r(N, HV, K, V, dt=F32), dht=r(N, HV, K, V, dt=F32))
+    kw = dict(
+        q=r(B, T, H, K),
+        k=r(B, T, H, K),
+        w=r(B, T, HV, K),
+        do=r(B, T, HV, V),
+        dv=r(B, T, HV, V),
+        h0=r(N, HV, K, V, dt=F32),
+        dht=r(N, HV, K, V, dt=F32),
+    )
     if gate == "gk":
         kw["gk"] = -r(B, T, HV, K, dt=F32).abs()
     elif gate == "g":
@@ -121,202 +127,566 @@ class Bad:
 
 BAD: list[Bad] = [
     # ---- dtypes, per tensor ----
-    Bad("q int32", with_(q=_q_with(B_, T_, H_, K_, dtype=torch.int32)), TypeError,
-        r"^q: expected dtype bfloat16, float16 or float32, got int32$"),
-    Bad("q int64", with_(q=_q_with(B_, T_, H_, K_, dtype=torch.int64)), TypeError,
-        r"^q: expected dtype bfloat16, float16 or float32, got int64$"),
-    Bad("q bool", with_(q=_q_with(B_, T_, H_, K_, dtype=torch.bool)), TypeError,
-        r"^q: expected dtype bfloat16, float16 or float32, got bool$"),
-    Bad("q float8_e4m3fn", with_(q=_q_with(B_, T_, H_, K_, dtype=torch.float8_e4m3fn)), TypeError,
-        r"^q: expected dtype bfloat16, float16 or float32, got float8_e4m3fn$"),
-    Bad("q complex64", with_(q=_q_with(B_, T_, H_, K_, dtype=torch.complex64)), TypeError,
-        r"^q: expected dtype bfloat16, float16 or float32, got complex64$"),
-    Bad("do fp64", with_(do=tensor_of((B_, T_, HV_, V_), torch.float64)), TypeError,
-        r"^do: expected dtype bfloat16, float16 or float32, got float64$"),
-    Bad("g bf16", lambda: {**call(gate="g"), "g": tensor_of((B_, T_, HV_), BF16)}, TypeError,
-        r"^g: expected dtype float32, got bfloat16$", b2a=False),
-    Bad("gk fp16", with_(gk=tensor_of((B_, T_, HV_, K_), F16)), TypeError,
-        r"^gk: expected dtype float32, got float16$"),
-    Bad("dht bf16", with_(dht=tensor_of((B_, HV_, K_, V_), BF16)), TypeError,
-        r"^dht: expected dtype float32, got bfloat16$"),
-    Bad("h0 int32", with_(h0=tensor_of((B_, HV_, K_, V_), torch.int32)), TypeError,
-        r"^h0: expected a floating-point dtype, got int32$"),
-    Bad("cu_seqlens float", lambda: varlen_call(cu_seqlens=torch.tensor([0.0, 30, 70, 100])), TypeError,
-        r"^cu_seqlens: expected dtype int64 or int32, got float32$", b2a=False),
-    Bad("chunk_offsets float", lambda: varlen_call(chunk_offsets=torch.tensor([0.0, 1, 2, 4])), TypeError,
-        r"^chunk_offsets: expected dtype int64 or int32, got float32$", b2a=False),
+    Bad(
+        "q int32",
+        with_(q=_q_with(B_, T_, H_, K_, dtype=torch.int32)),
+        TypeError,
+        r"^q: expected dtype bfloat16, float16 or float32, got int32$",
+    ),
+    Bad(
+        "q int64",
+        with_(q=_q_with(B_, T_, H_, K_, dtype=torch.int64)),
+        TypeError,
+        r"^q: expected dtype bfloat16, float16 or float32, got int64$",
+    ),
+    Bad(
+        "q bool",
+        with_(q=_q_with(B_, T_, H_, K_, dtype=torch.bool)),
+        TypeError,
+        r"^q: expected dtype bfloat16, float16 or float32, got bool$",
+    ),
+    Bad(
+        "q float8_e4m3fn",
+        with_(q=_q_with(B_, T_, H_, K_, dtype=torch.float8_e4m3fn)),
+        TypeError,
+        r"^q: expected dtype bfloat16, float16 or float32, got float8_e4m3fn$",
+    ),
+    Bad(
+        "q complex64",
+        with_(q=_q_with(B_, T_, H_, K_, dtype=torch.complex64)),
+        TypeError,
+        r"^q: expected dtype bfloat16, float16 or float32, got complex64$",
+    ),
+    Bad(
+        "do fp64",
+        with_(do=tensor_of((B_, T_, HV_, V_), torch.float64)),
+        TypeError,
+        r"^do: expected dtype bfloat16, float16 or float32, got float64$",
+    ),
+    Bad(
+        "g bf16",
+        lambda: {**call(gate="g"), "g": tensor_of((B_, T_, HV_), BF16)},
+        TypeError,
+        r"^g: expected dtype float32, got bfloat16$",
+        b2a=False,
+    ),
+    Bad(
+        "gk fp16",
+        with_(gk=tensor_of((B_, T_, HV_, K_), F16)),
+        TypeError,
+        r"^gk: expected dtype float32, got float16$",
+    ),
+    Bad(
+        "dht bf16",
+        with_(dht=tensor_of((B_, HV_, K_, V_), BF16)),
+        TypeError,
+        r"^dht: expected dtype float32, got bfloat16$",
+    ),
+    Bad(
+        "h0 int32",
+        with_(h0=tensor_of((B_, HV_, K_, V_), torch.int32)),
+        TypeError,
+        r"^h0: expected a floating-point dtype, got int32$",
+    ),
+    Bad(
+        "cu_seqlens float",
+        lambda: varlen_call(cu_seqlens=torch.tensor([0.0, 30, 70, 100])),
+        TypeError,
+        r"^cu_seqlens: expected dtype int64 or int32, got float32$",
+        b2a=False,
+    ),
+    Bad(
+        "chunk_offsets float",
+        lambda: varlen_call(chunk_offsets=torch.tensor([0.0, 1, 2, 4])),
+        TypeError,
+        r"^chunk_offsets: expected dtype int64 or int32, got float32$",
+        b2a=False,
+    ),
     # ---- mixed dtypes ----
-    Bad("k fp16 with q bf16", with_(k=tensor_of((B_, T_, H_, K_), F16)), TypeError,
-        r"^k: expected dtype bfloat16 like q, got float16$"),
-    Bad("w fp32 with q bf16", with_(w=tensor_of((B_, T_, HV_, K_), F32)), TypeError,
-        r"^w: expected dtype bfloat16 like q, got float32$"),
-    Bad("dv fp16 with do bf16", with_(dv=tensor_of((B_, T_, HV_, V_), F16)), TypeError,
-        r"^dv: expected dtype bfloat16 like do, got float16$"),
+    Bad(
+        "k fp16 with q bf16",
+        with_(k=tensor_of((B_, T_, H_, K_), F16)),
+        TypeError,
+        r"^k: expected dtype bfloat16 like q, got float16$",
+    ),
+    Bad(
+        "w fp32 with q bf16",
+        with_(w=tensor_of((B_, T_, HV_, K_), F32)),
+        TypeError,
+        r"^w: expected dtype bfloat16 like q, got float32$",
+    ),
+    Bad(
+        "dv fp16 with do bf16",
+        with_(dv=tensor_of((B_, T_, HV_, V_), F16)),
+        TypeError,
+        r"^dv: expected dtype bfloat16 like do, got float16$",
+    ),
     # ---- not tensors ----
-    Bad("q list", lambda: {**call(), "q": call()["q"].tolist()}, TypeError,
-        r"^q: expected a tensor \(an object with __dlpack__\), got list$"),
-    Bad("q None", with_(q=None), TypeError,
-        r"^q: expected a tensor \(an object with __dlpack__\), got None$"),
-    Bad("k None", with_(k=None), TypeError, r"^k: expected a tensor \(an object with __dlpack__\), got None$"),
-    Bad("w None", with_(w=None), TypeError, r"^w: expected a tensor \(an object with __dlpack__\), got None$"),
-    Bad("do None", with_(do=None), TypeError, r"^do: expected a tensor \(an object with __dlpack__\), got None$"),
-    Bad("dv None", with_(dv=None), TypeError, r"^dv: expected a tensor \(an object with __dlpack__\), got None$"),
-    Bad("gk str", with_(gk="gk"), TypeError, r"^gk: expected a tensor \(an object with __dlpack__\), got str$"),
-    Bad("dht list", with_(dht=[[0.0]]), TypeError, r"^dht: expected a tensor \(an object with __dlpack__\), got list$"),
-    Bad("h0 float", with_(h0=1.0), TypeError, r"^h0: expected a tensor \(an object with __dlpack__\), got float$"),
-    Bad("cu_seqlens list", lambda: varlen_call(cu_seqlens=[0, 30, 70, 100]), TypeError,
-        r"^cu_seqlens: expected a tensor \(an object with __dlpack__\), got list$", b2a=False),
-    Bad("k numpy scalar", with_(k=np.float32(1.0)), TypeError,
-        r"^k: expected a tensor \(an object with __dlpack__\), got numpy.float32$"),
-    Bad("w whose __dlpack__ returns an int", with_(w=NotCapsule()), TypeError,
+    Bad(
+        "q list",
+        lambda: {**call(), "q": call()["q"].tolist()},
+        TypeError,
+        r"^q: expected a tensor \(an object with __dlpack__\), got list$",
+    ),
+    Bad(
+        "q None", with_(q=None), TypeError, r"^q: expected a tensor \(an object with __dlpack__\), got None$"
+    ),
+    Bad(
+        "k None", with_(k=None), TypeError, r"^k: expected a tensor \(an object with __dlpack__\), got None$"
+    ),
+    Bad(
+        "w None", with_(w=None), TypeError, r"^w: expected a tensor \(an object with __dlpack__\), got None$"
+    ),
+    Bad(
+        "do None",
+        with_(do=None),
+        TypeError,
+        r"^do: expected a tensor \(an object with __dlpack__\), got None$",
+    ),
+    Bad(
+        "dv None",
+        with_(dv=None),
+        TypeError,
+        r"^dv: expected a tensor \(an object with __dlpack__\), got None$",
+    ),
+    Bad(
+        "gk str", with_(gk="gk"), TypeError, r"^gk: expected a tensor \(an object with __dlpack__\), got str$"
+    ),
+    Bad(
+        "dht list",
+        with_(dht=[[0.0]]),
+        TypeError,
+        r"^dht: expected a tensor \(an object with __dlpack__\), got list$",
+    ),
+    Bad(
+        "h0 float",
+        with_(h0=1.0),
+        TypeError,
+        r"^h0: expected a tensor \(an object with __dlpack__\), got float$",
+    ),
+    Bad(
+        "cu_seqlens list",
+        lambda: varlen_call(cu_seqlens=[0, 30, 70, 100]),
+        TypeError,
+        r"^cu_seqlens: expected a tensor \(an object with __dlpack__\), got list$",
+        b2a=False,
+    ),
+    Bad(
+        "k numpy scalar",
+        with_(k=np.float32(1.0)),
+        TypeError,
+        r"^k: expected a tensor \(an object with __dlpack__\), got numpy.float32$",
+    ),
+    Bad(
+        "w whose __dlpack__ returns an int",
+        with_(w=NotCapsule()),
+        TypeError,
         r"^w: expected a tensor \(an object with __dlpack__\), got .*NotCapsule whose __dlpack__\(\) "
-        r"returned int, not a DLPack capsule$"),
-    Bad("w whose __dlpack__ raises", with_(w=Exploding()), ValueError,
-        r"^w: __dlpack__\(\) failed: RuntimeError: boom$"),
-    Bad("gk numpy read-only (broadcast_to)",
-        with_(gk=np.broadcast_to(np.zeros((1, 1, HV_, K_), np.float32), (B_, T_, HV_, K_))), ValueError,
-        r"^gk: __dlpack__\(\) failed: BufferError: .*readonly"),
-    Bad("q on the meta device", with_(q=torch.empty(B_, T_, H_, K_, dtype=BF16, device="meta")), ValueError,
-        r"^q: torch's DLPack export failed: .*meta"),
-    Bad("do sparse", with_(do=tensor_of((B_, T_, HV_, V_), F32).to_sparse()), ValueError,
-        r"^do: torch's DLPack export failed: \S"),
+        r"returned int, not a DLPack capsule$",
+    ),
+    Bad(
+        "w whose __dlpack__ raises",
+        with_(w=Exploding()),
+        ValueError,
+        r"^w: __dlpack__\(\) failed: RuntimeError: boom$",
+    ),
+    Bad(
+        "gk numpy read-only (broadcast_to)",
+        with_(gk=np.broadcast_to(np.zeros((1, 1, HV_, K_), np.float32), (B_, T_, HV_, K_))),
+        ValueError,
+        r"^gk: __dlpack__\(\) failed: BufferError: .*readonly",
+    ),
+    Bad(
+        "q on the meta device",
+        with_(q=torch.empty(B_, T_, H_, K_, dtype=BF16, device="meta")),
+        ValueError,
+        r"^q: torch's DLPack export failed: .*meta",
+    ),
+    Bad(
+        "do sparse",
+        with_(do=tensor_of((B_, T_, HV_, V_), F32).to_sparse()),
+        ValueError,
+        r"^do: torch's DLPack export failed: \S",
+    ),
     # torch's lazy negation is lost in DLPack: the data would be read with the wrong sign.
-    Bad("q with the negative bit (q._neg_view())", lambda: {**call(), "q": call()["q"]._neg_view()}, ValueError,
+    Bad(
+        "q with the negative bit (q._neg_view())",
+        lambda: {**call(), "q": call()["q"]._neg_view()},
+        ValueError,
         r"^q: expected a tensor without torch's lazy negation bit \(is_neg\(\) is True; DLPack cannot "
-        r"carry it\), pass x.resolve_neg\(\)$"),
-    Bad("gk with the negative bit, via a subclass", lambda: {**call(), "gk": call()["gk"]._neg_view().as_subclass(Sub)},
-        ValueError, r"^gk: expected a tensor without torch's lazy negation bit"),
+        r"carry it\), pass x.resolve_neg\(\)$",
+    ),
+    Bad(
+        "gk with the negative bit, via a subclass",
+        lambda: {**call(), "gk": call()["gk"]._neg_view().as_subclass(Sub)},
+        ValueError,
+        r"^gk: expected a tensor without torch's lazy negation bit",
+    ),
     # ---- ranks ----
-    Bad("q 3-D", with_(q=tensor_of((B_, T_, K_))), ValueError,
-        r"^q: expected a 4-D tensor \[B, T, H, K\], got shape \[2, 100, 64\]$"),
-    Bad("q 5-D", with_(q=tensor_of((1, B_, T_, H_, K_))), ValueError,
-        r"^q: expected a 4-D tensor \[B, T, H, K\], got shape \[1, 2, 100, 2, 64\]$"),
-    Bad("q 0-D", with_(q=torch.tensor(1.0, dtype=BF16)), ValueError,
-        r"^q: expected a 4-D tensor \[B, T, H, K\], got shape \[\]$"),
-    Bad("k 3-D", with_(k=tensor_of((T_, H_, K_))), ValueError,
-        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[100, 2, 64\]$"),
-    Bad("w 3-D", with_(w=tensor_of((T_, HV_, K_))), ValueError,
-        r"^w: expected a 4-D tensor \[B, T, HV, K\], got shape \[100, 4, 64\]$"),
-    Bad("do 3-D", with_(do=tensor_of((T_, HV_, V_))), ValueError,
-        r"^do: expected a 4-D tensor \[B, T, HV, V\], got shape \[100, 4, 128\]$"),
-    Bad("dv 5-D", with_(dv=tensor_of((1, B_, T_, HV_, V_))), ValueError,
-        r"^dv: expected shape \[B=2, T=100, HV=4, V=128\] like do, got \[1, 2, 100, 4, 128\]$"),
-    Bad("g 4-D", lambda: {**call(gate="g"), "g": tensor_of((B_, T_, HV_, 1), F32)}, ValueError,
-        r"^g: expected shape \[B=2, T=100, HV=4\], got \[2, 100, 4, 1\]$", b2a=False),
-    Bad("gk 3-D", with_(gk=tensor_of((B_, T_, HV_), F32)), ValueError,
-        r"^gk: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 4\]$"),
-    Bad("dht 3-D", with_(dht=tensor_of((HV_, K_, V_), F32)), ValueError,
-        r"^dht: expected shape \[N=2, HV=4, K=64, V=128\], got \[4, 64, 128\]$"),
-    Bad("h0 5-D", with_(h0=tensor_of((1, B_, HV_, K_, V_), F32)), ValueError,
-        r"^h0: expected shape \[N=2, HV=4, K=64, V=128\], got \[1, 2, 4, 64, 128\]$"),
+    Bad(
+        "q 3-D",
+        with_(q=tensor_of((B_, T_, K_))),
+        ValueError,
+        r"^q: expected a 4-D tensor \[B, T, H, K\], got shape \[2, 100, 64\]$",
+    ),
+    Bad(
+        "q 5-D",
+        with_(q=tensor_of((1, B_, T_, H_, K_))),
+        ValueError,
+        r"^q: expected a 4-D tensor \[B, T, H, K\], got shape \[1, 2, 100, 2, 64\]$",
+    ),
+    Bad(
+        "q 0-D",
+        with_(q=torch.tensor(1.0, dtype=BF16)),
+        ValueError,
+        r"^q: expected a 4-D tensor \[B, T, H, K\], got shape \[\]$",
+    ),
+    Bad(
+        "k 3-D",
+        with_(k=tensor_of((T_, H_, K_))),
+        ValueError,
+        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[100, 2, 64\]$",
+    ),
+    Bad(
+        "w 3-D",
+        with_(w=tensor_of((T_, HV_, K_))),
+        ValueError,
+        r"^w: expected a 4-D tensor \[B, T, HV, K\], got shape \[100, 4, 64\]$",
+    ),
+    Bad(
+        "do 3-D",
+        with_(do=tensor_of((T_, HV_, V_))),
+        ValueError,
+        r"^do: expected a 4-D tensor \[B, T, HV, V\], got shape \[100, 4, 128\]$",
+    ),
+    Bad(
+        "dv 5-D",
+        with_(dv=tensor_of((1, B_, T_, HV_, V_))),
+        ValueError,
+        r"^dv: expected shape \[B=2, T=100, HV=4, V=128\] like do, got \[1, 2, 100, 4, 128\]$",
+    ),
+    Bad(
+        "g 4-D",
+        lambda: {**call(gate="g"), "g": tensor_of((B_, T_, HV_, 1), F32)},
+        ValueError,
+        r"^g: expected shape \[B=2, T=100, HV=4\], got \[2, 100, 4, 1\]$",
+        b2a=False,
+    ),
+    Bad(
+        "gk 3-D",
+        with_(gk=tensor_of((B_, T_, HV_), F32)),
+        ValueError,
+        r"^gk: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 4\]$",
+    ),
+    Bad(
+        "dht 3-D",
+        with_(dht=tensor_of((HV_, K_, V_), F32)),
+        ValueError,
+        r"^dht: expected shape \[N=2, HV=4, K=64, V=128\], got \[4, 64, 128\]$",
+    ),
+    Bad(
+        "h0 5-D",
+        with_(h0=tensor_of((1, B_, HV_, K_, V_), F32)),
+        ValueError,
+        r"^h0: expected shape \[N=2, HV=4, K=64, V=128\], got \[1, 2, 4, 64, 128\]$",
+    ),
     # ---- shape mismatches ----
-    Bad("k with another B", with_(k=tensor_of((1, T_, H_, K_))), ValueError,
-        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[1, 100, 2, 64\]$"),
-    Bad("k with another T", with_(k=tensor_of((B_, 99, H_, K_))), ValueError,
-        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[2, 99, 2, 64\]$"),
-    Bad("k with another H", with_(k=tensor_of((B_, T_, HV_, K_))), ValueError,
-        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[2, 100, 4, 64\]$"),
-    Bad("w with another B", with_(w=tensor_of((1, T_, HV_, K_))), ValueError,
-        r"^w: expected shape \[B=2, T=100, HV=4, K=64\], got \[1, 100, 4, 64\]$"),
-    Bad("w with another T", with_(w=tensor_of((B_, 64, HV_, K_))), ValueError,
-        r"^w: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 64, 4, 64\]$"),
-    Bad("K of w != K of q", with_(w=tensor_of((B_, T_, HV_, 128))), ValueError,
-        r"^w: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 4, 128\]$"),
-    Bad("H does not divide HV", lambda: call(H=3, HV=4), ValueError,
-        r"^w: expected HV \(dim 2\) to be a positive multiple of H=3 \(q's heads\), got HV=4$"),
-    Bad("H > HV", lambda: call(H=4, HV=2), ValueError,
-        r"^w: expected HV \(dim 2\) to be a positive multiple of H=4 \(q's heads\), got HV=2$"),
-    Bad("HV of do != HV of w", with_(do=tensor_of((B_, T_, 2 * HV_, V_))), ValueError,
-        r"^do: expected shape \[B=2, T=100, HV=4, V=128\], got \[2, 100, 8, 128\]$"),
-    Bad("do with another T", with_(do=tensor_of((B_, 101, HV_, V_))), ValueError,
-        r"^do: expected shape \[B=2, T=100, HV=4, V=128\], got \[2, 101, 4, 128\]$"),
-    Bad("V of dv != V of do", with_(dv=tensor_of((B_, T_, HV_, 64))), ValueError,
-        r"^dv: expected shape \[B=2, T=100, HV=4, V=128\] like do, got \[2, 100, 4, 64\]$"),
-    Bad("dht with another N", with_(dht=tensor_of((3, HV_, K_, V_), F32)), ValueError,
-        r"^dht: expected shape \[N=2, HV=4, K=64, V=128\], got \[3, 4, 64, 128\]$"),
-    Bad("dht [N, HV, V, K] without state_v_first", with_(dht=tensor_of((B_, HV_, V_, K_), F32)), ValueError,
-        r"^dht: expected shape \[N=2, HV=4, K=64, V=128\], got \[2, 4, 128, 64\]$"),
-    Bad("h0 [N, HV, K, V] with state_v_first", lambda: {**call(), "state_v_first": True}, ValueError,
+    Bad(
+        "k with another B",
+        with_(k=tensor_of((1, T_, H_, K_))),
+        ValueError,
+        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[1, 100, 2, 64\]$",
+    ),
+    Bad(
+        "k with another T",
+        with_(k=tensor_of((B_, 99, H_, K_))),
+        ValueError,
+        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[2, 99, 2, 64\]$",
+    ),
+    Bad(
+        "k with another H",
+        with_(k=tensor_of((B_, T_, HV_, K_))),
+        ValueError,
+        r"^k: expected shape \[B=2, T=100, H=2, K=64\] like q, got \[2, 100, 4, 64\]$",
+    ),
+    Bad(
+        "w with another B",
+        with_(w=tensor_of((1, T_, HV_, K_))),
+        ValueError,
+        r"^w: expected shape \[B=2, T=100, HV=4, K=64\], got \[1, 100, 4, 64\]$",
+    ),
+    Bad(
+        "w with another T",
+        with_(w=tensor_of((B_, 64, HV_, K_))),
+        ValueError,
+        r"^w: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 64, 4, 64\]$",
+    ),
+    Bad(
+        "K of w != K of q",
+        with_(w=tensor_of((B_, T_, HV_, 128))),
+        ValueError,
+        r"^w: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 4, 128\]$",
+    ),
+    Bad(
+        "H does not divide HV",
+        lambda: call(H=3, HV=4),
+        ValueError,
+        r"^w: expected HV \(dim 2\) to be a positive multiple of H=3 \(q's heads\), got HV=4$",
+    ),
+    Bad(
+        "H > HV",
+        lambda: call(H=4, HV=2),
+        ValueError,
+        r"^w: expected HV \(dim 2\) to be a positive multiple of H=4 \(q's heads\), got HV=2$",
+    ),
+    Bad(
+        "HV of do != HV of w",
+        with_(do=tensor_of((B_, T_, 2 * HV_, V_))),
+        ValueError,
+        r"^do: expected shape \[B=2, T=100, HV=4, V=128\], got \[2, 100, 8, 128\]$",
+    ),
+    Bad(
+        "do with another T",
+        with_(do=tensor_of((B_, 101, HV_, V_))),
+        ValueError,
+        r"^do: expected shape \[B=2, T=100, HV=4, V=128\], got \[2, 101, 4, 128\]$",
+    ),
+    Bad(
+        "V of dv != V of do",
+        with_(dv=tensor_of((B_, T_, HV_, 64))),
+        ValueError,
+        r"^dv: expected shape \[B=2, T=100, HV=4, V=128\] like do, got \[2, 100, 4, 64\]$",
+    ),
+    Bad(
+        "dht with another N",
+        with_(dht=tensor_of((3, HV_, K_, V_), F32)),
+        ValueError,
+        r"^dht: expected shape \[N=2, HV=4, K=64, V=128\], got \[3, 4, 64, 128\]$",
+    ),
+    Bad(
+        "dht [N, HV, V, K] without state_v_first",
+        with_(dht=tensor_of((B_, HV_, V_, K_), F32)),
+        ValueError,
+        r"^dht: expected shape \[N=2, HV=4, K=64, V=128\], got \[2, 4, 128, 64\]$",
+    ),
+    Bad(
+        "h0 [N, HV, K, V] with state_v_first",
+        lambda: {**call(), "state_v_first": True},
+        ValueError,
         r"^h0: expected shape \[N=2, HV=4, V=128, K=64\] \(state_v_first=True\), got \[2, 4, 64, 128\]$",
-        b2a=False),
-    Bad("dht [N, HV, K, V] with state_v_first",
-        lambda: {**call(), "state_v_first": True, "h0": tensor_of((B_, HV_, V_, K_), F32)}, ValueError,
+        b2a=False,
+    ),
+    Bad(
+        "dht [N, HV, K, V] with state_v_first",
+        lambda: {**call(), "state_v_first": True, "h0": tensor_of((B_, HV_, V_, K_), F32)},
+        ValueError,
         r"^dht: expected shape \[N=2, HV=4, V=128, K=64\] \(state_v_first=True\), got \[2, 4, 64, 128\]$",
-        b2a=False),
-    Bad("g [B, T]", lambda: {**call(gate="g"), "g": tensor_of((B_, T_), F32)}, ValueError,
-        r"^g: expected shape \[B=2, T=100, HV=4\], got \[2, 100\]$", b2a=False),
-    Bad("g [B, T, H] with H != HV", lambda: {**call(gate="g"), "g": tensor_of((B_, T_, H_), F32)}, ValueError,
-        r"^g: expected shape \[B=2, T=100, HV=4\], got \[2, 100, 2\]$", b2a=False),
-    Bad("gk [B, T, H, K] with H != HV", with_(gk=tensor_of((B_, T_, H_, K_), F32)), ValueError,
-        r"^gk: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 2, 64\]$"),
-    Bad("gk with another K", with_(gk=tensor_of((B_, T_, HV_, 32), F32)), ValueError,
-        r"^gk: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 4, 32\]$"),
-    Bad("K > 256", lambda: call(K=512, V=64), ValueError,
-        r"^q: expected 1 <= K <= 256 \(shape \[B, T, H, K\]\), got K=512 in \[2, 100, 2, 512\]$"),
-    Bad("K == 0", lambda: call(K=0), ValueError,
+        b2a=False,
+    ),
+    Bad(
+        "g [B, T]",
+        lambda: {**call(gate="g"), "g": tensor_of((B_, T_), F32)},
+        ValueError,
+        r"^g: expected shape \[B=2, T=100, HV=4\], got \[2, 100\]$",
+        b2a=False,
+    ),
+    Bad(
+        "g [B, T, H] with H != HV",
+        lambda: {**call(gate="g"), "g": tensor_of((B_, T_, H_), F32)},
+        ValueError,
+        r"^g: expected shape \[B=2, T=100, HV=4\], got \[2, 100, 2\]$",
+        b2a=False,
+    ),
+    Bad(
+        "gk [B, T, H, K] with H != HV",
+        with_(gk=tensor_of((B_, T_, H_, K_), F32)),
+        ValueError,
+        r"^gk: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 2, 64\]$",
+    ),
+    Bad(
+        "gk with another K",
+        with_(gk=tensor_of((B_, T_, HV_, 32), F32)),
+        ValueError,
+        r"^gk: expected shape \[B=2, T=100, HV=4, K=64\], got \[2, 100, 4, 32\]$",
+    ),
+    Bad(
+        "K > 256",
+        lambda: call(K=512, V=64),
+        ValueError,
+        r"^q: expected 1 <= K <= 256 \(shape \[B, T, H, K\]\), got K=512 in \[2, 100, 2, 512\]$",
+    ),
+    Bad(
+        "K == 0",
+        lambda: call(K=0),
+        ValueError,
         r"^q: expected 1 <= K <= 256 \(shape \[B, T, H, K\]\), got K=0 in \[2, 100, 2, 0\]$",
-        ),
-    Bad("T == 0", lambda: call(T=0), ValueError, r"^q: expected T >= 1 \(shape \[B, T, H, K\]\), got \[2, 0, 2, 64\]$"),
-    Bad("B == 0", lambda: call(B=0), ValueError, r"^q: expected B >= 1 \(shape \[B, T, H, K\]\), got \[0, 100, 2, 64\]$"),
-    Bad("H == 0", lambda: call(H=0, HV=0), ValueError,
-        r"^q: expected H >= 1 \(shape \[B, T, H, K\]\), got \[2, 100, 0, 64\]$"),
-    Bad("HV == 0", lambda: call(H=1, HV=0), ValueError,
-        r"^w: expected HV \(dim 2\) to be a positive multiple of H=1 \(q's heads\), got HV=0$"),
+    ),
+    Bad(
+        "T == 0",
+        lambda: call(T=0),
+        ValueError,
+        r"^q: expected T >= 1 \(shape \[B, T, H, K\]\), got \[2, 0, 2, 64\]$",
+    ),
+    Bad(
+        "B == 0",
+        lambda: call(B=0),
+        ValueError,
+        r"^q: expected B >= 1 \(shape \[B, T, H, K\]\), got \[0, 100, 2, 64\]$",
+    ),
+    Bad(
+        "H == 0",
+        lambda: call(H=0, HV=0),
+        ValueError,
+        r"^q: expected H >= 1 \(shape \[B, T, H, K\]\), got \[2, 100, 0, 64\]$",
+    ),
+    Bad(
+        "HV == 0",
+        lambda: call(H=1, HV=0),
+        ValueError,
+        r"^w: expected HV \(dim 2\) to be a positive multiple of H=1 \(q's heads\), got HV=0$",
+    ),
     Bad("V == 0", lambda: call(V=0), ValueError, r"^do: expected V >= 1, got shape \[2, 100, 4, 0\]$"),
     # ---- varlen ----
-    Bad("cu_seqlens with B != 1", lambda: {**call(), "cu_seqlens": torch.tensor([0, 30, 100])}, ValueError,
-        r"^q: expected B == 1 with cu_seqlens \(sequences packed along T\), got B=2$", b2a=False),
-    Bad("cu_seqlens of length 1", lambda: varlen_call(cu_seqlens=torch.tensor([0])), ValueError,
-        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[1\]$", b2a=False),
-    Bad("cu_seqlens of length 0", lambda: varlen_call(cu_seqlens=torch.zeros(0, dtype=torch.int64)), ValueError,
-        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[0\]$", b2a=False),
-    Bad("cu_seqlens 2-D", lambda: varlen_call(cu_seqlens=torch.tensor([[0, 30, 70, 100]])), ValueError,
-        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[1, 4\]$", b2a=False),
-    Bad("cu_seqlens 0-D", lambda: varlen_call(cu_seqlens=torch.tensor(100)), ValueError,
-        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[\]$", b2a=False),
-    Bad("varlen h0 with N = B", lambda: varlen_call(h0=tensor_of((1, HV_, K_, V_), F32)), ValueError,
-        r"^h0: expected shape \[N=3, HV=4, K=64, V=128\], got \[1, 4, 64, 128\]$", b2a=False),
-    Bad("chunk_offsets of the wrong length", lambda: varlen_call(chunk_offsets=torch.tensor([0, 1])), ValueError,
-        r"^chunk_offsets: expected shape \[N=3\] or \[N\+1=4\], got \[2\]$", b2a=False),
-    Bad("chunk_offsets a list", lambda: varlen_call(chunk_offsets=[0, 1, 2]), TypeError,
-        r"^chunk_offsets: expected a tensor \(an object with __dlpack__\), got list$", b2a=False),
+    Bad(
+        "cu_seqlens with B != 1",
+        lambda: {**call(), "cu_seqlens": torch.tensor([0, 30, 100])},
+        ValueError,
+        r"^q: expected B == 1 with cu_seqlens \(sequences packed along T\), got B=2$",
+        b2a=False,
+    ),
+    Bad(
+        "cu_seqlens of length 1",
+        lambda: varlen_call(cu_seqlens=torch.tensor([0])),
+        ValueError,
+        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[1\]$",
+        b2a=False,
+    ),
+    Bad(
+        "cu_seqlens of length 0",
+        lambda: varlen_call(cu_seqlens=torch.zeros(0, dtype=torch.int64)),
+        ValueError,
+        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[0\]$",
+        b2a=False,
+    ),
+    Bad(
+        "cu_seqlens 2-D",
+        lambda: varlen_call(cu_seqlens=torch.tensor([[0, 30, 70, 100]])),
+        ValueError,
+        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[1, 4\]$",
+        b2a=False,
+    ),
+    Bad(
+        "cu_seqlens 0-D",
+        lambda: varlen_call(cu_seqlens=torch.tensor(100)),
+        ValueError,
+        r"^cu_seqlens: expected a 1-D tensor \[N\+1\] with N >= 1, got shape \[\]$",
+        b2a=False,
+    ),
+    Bad(
+        "varlen h0 with N = B",
+        lambda: varlen_call(h0=tensor_of((1, HV_, K_, V_), F32)),
+        ValueError,
+        r"^h0: expected shape \[N=3, HV=4, K=64, V=128\], got \[1, 4, 64, 128\]$",
+        b2a=False,
+    ),
+    Bad(
+        "chunk_offsets of the wrong length",
+        lambda: varlen_call(chunk_offsets=torch.tensor([0, 1])),
+        ValueError,
+        r"^chunk_offsets: expected shape \[N=3\] or \[N\+1=4\], got \[2\]$",
+        b2a=False,
+    ),
+    Bad(
+        "chunk_offsets a list",
+        lambda: varlen_call(chunk_offsets=[0, 1, 2]),
+        TypeError,
+        r"^chunk_offsets: expected a tensor \(an object with __dlpack__\), got list$",
+        b2a=False,
+    ),
     # ---- scalars ----
     Bad("chunk_size 0", with_(chunk_size=0), ValueError, r"^chunk_size: expected a positive int, got 0$"),
-    Bad("chunk_size -64", with_(chunk_size=-64), ValueError, r"^chunk_size: expected a positive int, got -64$"),
-    Bad("chunk_size 2**70", with_(chunk_size=2**70), ValueError,
-        r"^chunk_size: expected a positive int that fits in int64, got 1180591620717411303424$"),
+    Bad(
+        "chunk_size -64", with_(chunk_size=-64), ValueError, r"^chunk_size: expected a positive int, got -64$"
+    ),
+    Bad(
+        "chunk_size 2**70",
+        with_(chunk_size=2**70),
+        ValueError,
+        r"^chunk_size: expected a positive int that fits in int64, got 1180591620717411303424$",
+    ),
     Bad("chunk_size 64.0", with_(chunk_size=64.0), TypeError, r"^chunk_size: expected an int, got float$"),
     Bad("chunk_size None", with_(chunk_size=None), TypeError, r"^chunk_size: expected an int, got NoneType$"),
     Bad("chunk_size '64'", with_(chunk_size="64"), TypeError, r"^chunk_size: expected an int, got str$"),
     Bad("scale nan", with_(scale=float("nan")), ValueError, r"^scale: expected a finite float, got nan$"),
     Bad("scale inf", with_(scale=math.inf), ValueError, r"^scale: expected a finite float, got inf$"),
     Bad("scale -inf", with_(scale=-math.inf), ValueError, r"^scale: expected a finite float, got -inf$"),
-    Bad("scale 1e300 (inf as float32)", with_(scale=1e300), ValueError,
-        r"^scale: expected a finite float \(within float32's range, as the kernel applies it\), got 1e300$"),
-    Bad("scale 10**400", with_(scale=10**400), ValueError,
-        r"^scale: expected a finite float, got int \(too large for float64\)$"),
+    Bad(
+        "scale 1e300 (inf as float32)",
+        with_(scale=1e300),
+        ValueError,
+        r"^scale: expected a finite float \(within float32's range, as the kernel applies it\), got 1e300$",
+    ),
+    Bad(
+        "scale 10**400",
+        with_(scale=10**400),
+        ValueError,
+        r"^scale: expected a finite float, got int \(too large for float64\)$",
+    ),
     Bad("scale a string", with_(scale="0.125"), TypeError, r"^scale: expected a float or None, got str$"),
     Bad("scale bytes", with_(scale=b"0.125"), TypeError, r"^scale: expected a float or None, got bytes$"),
     Bad("scale a list", with_(scale=[0.125]), TypeError, r"^scale: expected a float or None, got list$"),
-    Bad("scale a 2-element tensor", with_(scale=torch.ones(2)), TypeError,
-        r"^scale: expected a float or None, got torch.Tensor$"),
-    Bad("state_v_first 'yes'", with_(state_v_first="yes"), TypeError,
-        r"^state_v_first: expected a bool, got str$", b2a=False),
-    Bad("state_v_first 1", with_(state_v_first=1), TypeError, r"^state_v_first: expected a bool, got int$", b2a=False),
+    Bad(
+        "scale a 2-element tensor",
+        with_(scale=torch.ones(2)),
+        TypeError,
+        r"^scale: expected a float or None, got torch.Tensor$",
+    ),
+    Bad(
+        "state_v_first 'yes'",
+        with_(state_v_first="yes"),
+        TypeError,
+        r"^state_v_first: expected a bool, got str$",
+        b2a=False,
+    ),
+    Bad(
+        "state_v_first 1",
+        with_(state_v_first=1),
+        TypeError,
+        r"^state_v_first: expected a bool, got int$",
+        b2a=False,
+    ),
     # ---- strides: the one layout that is an error (numpy exports negative strides) ----
-    Bad("gk with negative strides (numpy [::-1])",
-        lambda: {**call(), "gk": np.ascontiguousarray(call()["gk"].numpy()[::-1])[::-1]}, ValueError,
-        r"^gk: expected non-negative strides, got strides \[-25600, 256, 64, 1\]$"),
-    Bad("cu_seqlens with negative strides", lambda: varlen_call(cu_seqlens=np.array([100, 70, 30, 0])[::-1]),
-        ValueError, r"^cu_seqlens: expected non-negative strides, got strides \[-1\]$", b2a=False),
+    Bad(
+        "gk with negative strides (numpy [::-1])",
+        lambda: {**call(), "gk": np.ascontiguousarray(call()["gk"].numpy()[::-1])[::-1]},
+        ValueError,
+        r"^gk: expected non-negative strides, got strides \[-25600, 256, 64, 1\]$",
+    ),
+    Bad(
+        "cu_seqlens with negative strides",
+        lambda: varlen_call(cu_seqlens=np.array([100, 70, 30, 0])[::-1]),
+        ValueError,
+        r"^cu_seqlens: expected non-negative strides, got strides \[-1\]$",
+        b2a=False,
+    ),
 ]
 
 _TENSOR_KEYS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens", "chunk_offsets")
 
 
 def _b2a(kw: dict):
-    return kda_dhu.kda_dhu_b2a(kw["q"], kw["k"], kw["w"], kw.get("gk"), kw.get("h0"), kw.get("dht"),
-                               kw["do"], kw["dv"], kw.get("scale"), kw.get("chunk_size", 64))
+    return kda_dhu.kda_dhu_b2a(
+        kw["q"],
+        kw["k"],
+        kw["w"],
+        kw.get("gk"),
+        kw.get("h0"),
+        kw.get("dht"),
+        kw["do"],
+        kw["dv"],
+        kw.get("scale"),
+        kw.get("chunk_size", 64),
+    )
 
 
 def _snapshot(kw: dict) -> dict:
@@ -327,8 +697,13 @@ def _snapshot(kw: dict) -> dict:
             if val.is_meta or val.is_sparse:
                 snap[key] = (val.shape, val.dtype, val.device, val.requires_grad)
             else:
-                snap[key] = (val.detach().clone(), val.stride(), val.storage_offset(), val.requires_grad,
-                             val.is_neg())
+                snap[key] = (
+                    val.detach().clone(),
+                    val.stride(),
+                    val.storage_offset(),
+                    val.requires_grad,
+                    val.is_neg(),
+                )
         elif isinstance(val, np.ndarray):
             snap[key] = (val.copy(), val.strides, val.flags.writeable)
     return snap
@@ -342,7 +717,12 @@ def _assert_unchanged(kw: dict, snap: dict):
                 assert (val.shape, val.dtype, val.device, val.requires_grad) == before, key
                 continue
             data, stride, offset, rg, neg = before
-            assert (val.stride(), val.storage_offset(), val.requires_grad, val.is_neg()) == (stride, offset, rg, neg), key
+            assert (val.stride(), val.storage_offset(), val.requires_grad, val.is_neg()) == (
+                stride,
+                offset,
+                rg,
+                neg,
+            ), key
             assert val.dtype == data.dtype and val.shape == data.shape, key
             assert torch.equal(val.detach(), data), f"{key} was modified"
         else:
@@ -398,12 +778,13 @@ def test_plan_call_reports_without_raising(case: Bad, request):
     assert ok is False
     prefix = case.exc.__name__ + ": "
     assert reason.startswith(prefix), reason
-    assert re.search(case.match, reason[len(prefix):]), reason
+    assert re.search(case.match, reason[len(prefix) :]), reason
     _assert_unchanged(kw, snap)
 
 
 # ---- valid input that is unusual: validate passes; on the CPU the public API stops at
 # the device check ("q: expected a CUDA tensor"), plan_call reports it ----
+
 
 def _transposed(shape, dtype=BF16):
     """shape [B, T, H, X] as a non-contiguous transpose of a [B, H, T, X] tensor."""
@@ -436,29 +817,50 @@ VALID: list[tuple[str, Callable[[], dict]]] = [
     ("gk offset by 4 bytes", lambda: {**call(), "gk": _offset((B_, T_, HV_, K_), F32)}),
     ("dht offset by 4 bytes", lambda: {**call(), "dht": _offset((B_, HV_, K_, V_), F32)}),
     ("dht.mT.contiguous().mT", lambda: {**call(), "dht": call()["dht"].mT.contiguous().mT}),
-    ("do expanded along T (stride 0)", lambda: {**call(), "do": tensor_of((B_, 1, HV_, V_)).expand(B_, T_, HV_, V_)}),
+    (
+        "do expanded along T (stride 0)",
+        lambda: {**call(), "do": tensor_of((B_, 1, HV_, V_)).expand(B_, T_, HV_, V_)},
+    ),
     ("every tensor a numpy float32 array", _numpy_call),
     ("q requires grad", lambda: {**call(), "q": call()["q"].requires_grad_()}),
     ("w an nn.Parameter", lambda: {**call(), "w": torch.nn.Parameter(call()["w"])}),
-    ("k a Tensor subclass that requires grad", lambda: {**call(), "k": call()["k"].requires_grad_().as_subclass(Sub)}),
+    (
+        "k a Tensor subclass that requires grad",
+        lambda: {**call(), "k": call()["k"].requires_grad_().as_subclass(Sub)},
+    ),
     ("h0 float64 (only its presence matters)", lambda: {**call(), "h0": call()["h0"].double()}),
     ("h0 bfloat16", lambda: {**call(), "h0": call()["h0"].bfloat16()}),
-    ("do, dv float32 with q bfloat16 (fla takes it)", lambda: {**call(), "do": call()["do"].float(), "dv": call()["dv"].float()}),
+    (
+        "do, dv float32 with q bfloat16 (fla takes it)",
+        lambda: {**call(), "do": call()["do"].float(), "dv": call()["dv"].float()},
+    ),
     ("K == 256", lambda: call(K=256, V=64)),
     ("K == 1, V == 1, T == 1", lambda: call(T=1, K=1, V=1)),
     ("GVA: H=1, HV=4", lambda: call(H=1)),
     ("g gate", lambda: call(gate="g")),
     ("no gate, no h0, no dht", lambda: {k: v for k, v in call(gate=None).items() if k not in ("h0", "dht")}),
-    ("state_v_first with [N, HV, V, K] states", lambda: {**call(), "state_v_first": True,
-                                                        "h0": call()["h0"].mT, "dht": call()["dht"].mT}),
+    (
+        "state_v_first with [N, HV, V, K] states",
+        lambda: {**call(), "state_v_first": True, "h0": call()["h0"].mT, "dht": call()["dht"].mT},
+    ),
     ("state_v_first numpy bool", lambda: {**call(), "state_v_first": np.False_}),
     ("state_v_first None", lambda: {**call(), "state_v_first": None}),
     ("varlen", varlen_call),
-    ("varlen int32 cu_seqlens and chunk_offsets [N]",
-     lambda: varlen_call(cu_seqlens=torch.tensor([0, 30, 70, 100], dtype=torch.int32),
-                         chunk_offsets=torch.tensor([0, 1, 2], dtype=torch.int32))),
-    ("varlen strided cu_seqlens", lambda: varlen_call(cu_seqlens=torch.tensor([0, 9, 30, 9, 70, 9, 100, 9])[::2])),
-    ("chunk_offsets without cu_seqlens is ignored, as fla does", lambda: {**call(), "chunk_offsets": "ignored"}),
+    (
+        "varlen int32 cu_seqlens and chunk_offsets [N]",
+        lambda: varlen_call(
+            cu_seqlens=torch.tensor([0, 30, 70, 100], dtype=torch.int32),
+            chunk_offsets=torch.tensor([0, 1, 2], dtype=torch.int32),
+        ),
+    ),
+    (
+        "varlen strided cu_seqlens",
+        lambda: varlen_call(cu_seqlens=torch.tensor([0, 9, 30, 9, 70, 9, 100, 9])[::2]),
+    ),
+    (
+        "chunk_offsets without cu_seqlens is ignored, as fla does",
+        lambda: {**call(), "chunk_offsets": "ignored"},
+    ),
     ("scale an int", lambda: {**call(), "scale": 1}),
     ("scale a numpy float", lambda: {**call(), "scale": np.float32(0.125)}),
     ("scale a 0-d tensor", lambda: {**call(), "scale": torch.tensor(0.125)}),
@@ -492,7 +894,9 @@ def test_valid_cpu_input_stops_at_the_device_check(make):
 
 def test_plan_rule_names_the_choices():
     for fn in (_core.plan, _core.prepare):
-        with pytest.raises(ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable', got \"fast\"$"):
+        with pytest.raises(
+            ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable', got \"fast\"$"
+        ):
             fn("fast", **call())
 
 
@@ -519,8 +923,7 @@ def test_descriptor_cache_starts_empty_with_its_bound():
     a GPU; tests/test_gpu_host.py fills and clears it on one)."""
     _core.tma_cache_clear()
     info = _core.tma_cache_info()
-    assert info == {"hits": 0, "misses": 0, "evictions": 0, "size": 0,
-                    "capacity": _core.TMA_CACHE_CAPACITY}
+    assert info == {"hits": 0, "misses": 0, "evictions": 0, "size": 0, "capacity": _core.TMA_CACHE_CAPACITY}
     assert _core.TMA_CACHE_CAPACITY == 64
 
 
@@ -529,7 +932,9 @@ def test_force_env_with_a_bad_value_is_named(monkeypatch):
     monkeypatch.setattr(_dispatch, "_warned_force", set())
     # Warned once (through fla's backend the verifier's ValueError would be swallowed)...
     with pytest.warns(RuntimeWarning, match=r"KDA_DHU_FORCE='bogus'"):
-        with pytest.raises(ValueError, match=r"^KDA_DHU_FORCE: expected 'kernel', 'fla' or unset, got 'bogus'$"):
+        with pytest.raises(
+            ValueError, match=r"^KDA_DHU_FORCE: expected 'kernel', 'fla' or unset, got 'bogus'$"
+        ):
             kda_dhu.chunk_gated_delta_rule_bwd_dhu(**call())
     # ... and raised on every direct call; plan_call reports it.
     assert kda_dhu.plan_call(**call())[1].startswith("ValueError: KDA_DHU_FORCE")
@@ -655,26 +1060,41 @@ print(json.dumps(out))
 
 PRODUCER_EXPECT = {
     "gk by ctypes (sanity)": ("ok", r"^$"),
-    "gk negative strides": ("ValueError", r"^gk: expected non-negative strides, got strides \[-25600, 256, 64, 1\]$"),
-    "gk negative extent": ("ValueError",
-                           r"^gk: expected non-negative extents whose size in bytes fits in int64, got shape "
-                           r"\[2, -100, 4, 64\]$"),
+    "gk negative strides": (
+        "ValueError",
+        r"^gk: expected non-negative strides, got strides \[-25600, 256, 64, 1\]$",
+    ),
+    "gk negative extent": (
+        "ValueError",
+        r"^gk: expected non-negative extents whose size in bytes fits in int64, got shape "
+        r"\[2, -100, 4, 64\]$",
+    ),
     "w negative HV": ("ValueError", r"^w: expected non-negative extents whose size in bytes fits in int64"),
     "q ndim -1": ("ValueError", r"^q: expected 0 <= ndim <= 64 from DLPack, got ndim = -1$"),
     "q ndim 1000000": ("ValueError", r"^q: expected 0 <= ndim <= 64 from DLPack, got ndim = 1000000$"),
     "q NULL shape": ("ValueError", r"^q: DLPack shape pointer is NULL for a 4-D tensor$"),
     "q 0-D, NULL shape": ("ValueError", r"^q: expected a 4-D tensor \[B, T, H, K\], got shape \[\]$"),
-    "q capsule named 'foo'": ("ValueError", r"^q: __dlpack__\(\) returned a capsule named \"foo\", expected \"dltensor\"$"),
-    "q capsule named 'used_dltensor'": ("ValueError", r"^q: __dlpack__\(\) returned a capsule that was already consumed$"),
-    "q DLPack 2.0 (versioned)": ("ValueError",
-                                 r"^q: __dlpack__\(\) returned a DLPack 2.0 tensor, expected DLPack 1.x or the "
-                                 r"legacy capsule$"),
+    "q capsule named 'foo'": (
+        "ValueError",
+        r"^q: __dlpack__\(\) returned a capsule named \"foo\", expected \"dltensor\"$",
+    ),
+    "q capsule named 'used_dltensor'": (
+        "ValueError",
+        r"^q: __dlpack__\(\) returned a capsule that was already consumed$",
+    ),
+    "q DLPack 2.0 (versioned)": (
+        "ValueError",
+        r"^q: __dlpack__\(\) returned a DLPack 2.0 tensor, expected DLPack 1.x or the "
+        r"legacy capsule$",
+    ),
     "q DLPack 1.1 (versioned)": ("ok", r"^$"),
     "q float8_e5m2": ("TypeError", r"^q: expected dtype bfloat16, float16 or float32, got float8_e5m2$"),
     "q opaque handle": ("TypeError", r"^q: expected dtype bfloat16, float16 or float32, got opaque handle$"),
-    "dht byte size past int64": ("ValueError",
-                                 r"^dht: expected non-negative extents whose size in bytes fits in int64, got shape "
-                                 r"\[1099511627776, 1099511627776, 64, 128\]$"),
+    "dht byte size past int64": (
+        "ValueError",
+        r"^dht: expected non-negative extents whose size in bytes fits in int64, got shape "
+        r"\[1099511627776, 1099511627776, 64, 128\]$",
+    ),
     "dht on ROCm (plan)": ("ValueError", r"^dht: expected a CUDA tensor, got a tensor on rocm:0$"),
 }
 
@@ -682,8 +1102,13 @@ PRODUCER_EXPECT = {
 @pytest.fixture(scope="module")
 def producer_results():
     env = {**os.environ, "KDA_DHU_NO_AUTOREGISTER": "1", "RUST_BACKTRACE": "0"}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_PRODUCER)], capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_PRODUCER)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, f"the interpreter died (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
     assert "panicked" not in proc.stderr, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -699,15 +1124,26 @@ def test_broken_dlpack_producers(producer_results, name):
 
 # ---- cu_seqlens' values (Python, GPU path only): _dispatch._varlen_chunks ----
 
-@pytest.mark.parametrize("cu, T, match", [
-    ([1, 50, 200], 200, r"^cu_seqlens: expected cu_seqlens\[0\] == 0, got 1$"),
-    ([5, 5], 200, r"^cu_seqlens: expected cu_seqlens\[0\] == 0, got 5$"),
-    ([0, 120, 50, 200], 200,
-     r"^cu_seqlens: expected non-decreasing offsets, got cu_seqlens\[1\] = 120 > cu_seqlens\[2\] = 50$"),
-    ([0, -5, 10], 200, r"^cu_seqlens: expected non-decreasing offsets, got cu_seqlens\[0\] = 0 > cu_seqlens\[1\] = -5$"),
-    ([0, 50, 300], 200, r"^cu_seqlens: expected cu_seqlens\[-1\] <= T = 200, got 300$"),
-    ([0, 201], 200, r"^cu_seqlens: expected cu_seqlens\[-1\] <= T = 200, got 201$"),
-])
+
+@pytest.mark.parametrize(
+    "cu, T, match",
+    [
+        ([1, 50, 200], 200, r"^cu_seqlens: expected cu_seqlens\[0\] == 0, got 1$"),
+        ([5, 5], 200, r"^cu_seqlens: expected cu_seqlens\[0\] == 0, got 5$"),
+        (
+            [0, 120, 50, 200],
+            200,
+            r"^cu_seqlens: expected non-decreasing offsets, got cu_seqlens\[1\] = 120 > cu_seqlens\[2\] = 50$",
+        ),
+        (
+            [0, -5, 10],
+            200,
+            r"^cu_seqlens: expected non-decreasing offsets, got cu_seqlens\[0\] = 0 > cu_seqlens\[1\] = -5$",
+        ),
+        ([0, 50, 300], 200, r"^cu_seqlens: expected cu_seqlens\[-1\] <= T = 200, got 300$"),
+        ([0, 201], 200, r"^cu_seqlens: expected cu_seqlens\[-1\] <= T = 200, got 201$"),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_varlen_chunks_rejects_bad_offsets(cu, T, match, dtype):
     cu_t = torch.tensor(cu, dtype=dtype)
@@ -717,13 +1153,16 @@ def test_varlen_chunks_rejects_bad_offsets(cu, T, match, dtype):
     assert torch.equal(cu_t, before)
 
 
-@pytest.mark.parametrize("cu, T, nt, offsets", [
-    ([0, 30, 70, 100], 100, 3, [0, 1, 2, 3]),
-    ([0, 50, 150], 200, 3, [0, 1, 3]),          # padded packed batch: cu[-1] < T
-    ([0, 64, 64, 130], 200, 3, [0, 1, 1, 3]),   # an empty sequence
-    ([0, 0], 200, 0, [0, 0]),                   # every sequence empty: NT == 0 goes to fla
-    ([0, 65, 129], 129, 3, [0, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "cu, T, nt, offsets",
+    [
+        ([0, 30, 70, 100], 100, 3, [0, 1, 2, 3]),
+        ([0, 50, 150], 200, 3, [0, 1, 3]),  # padded packed batch: cu[-1] < T
+        ([0, 64, 64, 130], 200, 3, [0, 1, 1, 3]),  # an empty sequence
+        ([0, 0], 200, 0, [0, 0]),  # every sequence empty: NT == 0 goes to fla
+        ([0, 65, 129], 129, 3, [0, 2, 3]),
+    ],
+)
 def test_varlen_chunks_accepts_good_offsets(cu, T, nt, offsets):
     got_nt, got_offsets = _dispatch._varlen_chunks(torch.tensor(cu), T)
     assert got_nt == nt
@@ -735,7 +1174,7 @@ def test_chunk_table_longer_than_the_sequences_goes_to_fla(monkeypatch):
     it, so such a call runs fla's function (no error, no kernel launch)."""
     sentinel = object()
     monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
-    monkeypatch.setattr(_dispatch, "fla_function", lambda: (lambda **kw: sentinel))
+    monkeypatch.setattr(_dispatch, "fla_function", lambda: lambda **kw: sentinel)
 
     class NoLaunch:
         @staticmethod
@@ -745,7 +1184,8 @@ def test_chunk_table_longer_than_the_sequences_goes_to_fla(monkeypatch):
     monkeypatch.setattr(_dispatch, "_core", NoLaunch)
     q = torch.zeros(1, 200, 1, 64, dtype=torch.bfloat16)
     out = kda_dhu.chunk_gated_delta_rule_bwd_dhu(
-        q, q, q, q, q, cu_seqlens=torch.tensor([0, 100]), chunk_indices=torch.zeros(5, 2, dtype=torch.int64))
+        q, q, q, q, q, cu_seqlens=torch.tensor([0, 100]), chunk_indices=torch.zeros(5, 2, dtype=torch.int64)
+    )
     assert out is sentinel
 
 
@@ -757,9 +1197,8 @@ def test_use_graph_with_cu_seqlens_is_planned_to_fla(monkeypatch):
     assert kda_dhu.plan_call(q, q, q, q, q, use_graph=True) == (True, "kernel-sm90a")
 
 
-
-
 # ---------------------------------------------------- found by breaking the checks (session 3)
+
 
 def test_zero_tensor_without_memory_is_refused_by_name():
     """torch's ZeroTensor exports a null data pointer: a kernel would read address 0."""
@@ -774,16 +1213,25 @@ def test_zero_tensor_without_memory_is_refused_by_name():
     assert not ok and reason.startswith("ValueError: gk: expected a tensor backed by memory")
 
 
-@pytest.mark.parametrize("scale, kind", [(np.complex128(1 + 1j), "complex128"), (np.complex64(1), "complex64"),
-                                         (torch.tensor([0.5 + 0j]), "Tensor"), (True, "bool"),
-                                         (np.bool_(True), "bool")])
+@pytest.mark.parametrize(
+    "scale, kind",
+    [
+        (np.complex128(1 + 1j), "complex128"),
+        (np.complex64(1), "complex64"),
+        (torch.tensor([0.5 + 0j]), "Tensor"),
+        (True, "bool"),
+        (np.bool_(True), "bool"),
+    ],
+)
 def test_complex_and_bool_scales_are_refused(scale, kind):
     with pytest.raises(TypeError, match=r"^scale: expected a float or None, got "):
         kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "scale": scale})
 
 
-@pytest.mark.parametrize("scale", [0.125, 1, np.float32(0.125), np.float64(0.125), np.int64(1),
-                                   torch.tensor(0.125), torch.tensor([0.125])])
+@pytest.mark.parametrize(
+    "scale",
+    [0.125, 1, np.float32(0.125), np.float64(0.125), np.int64(1), torch.tensor(0.125), torch.tensor([0.125])],
+)
 def test_real_scales_pass_validation(scale):
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
         kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "scale": scale})
@@ -794,7 +1242,7 @@ def test_int32_cu_seqlens_views_are_judged_before_any_widening():
     view is passed as it is and the validator names it (no 64 GB copy of an expanded
     tensor, no silent acceptance of a negated view)."""
     kw = varlen_call()
-    huge = torch.zeros(1, dtype=torch.int32).expand(2 ** 33)
+    huge = torch.zeros(1, dtype=torch.int32).expand(2**33)
     assert _dispatch._index64(huge) is huge
     neg = torch.tensor([0, 30, 70, 100], dtype=torch.int32)._neg_view()
     assert _dispatch._index64(neg) is neg
@@ -812,6 +1260,7 @@ def test_bool_chunk_size_is_refused_as_the_custom_op_refuses_it():
 
 
 # ------------------------------------------------------- the one-crossing path (_core.run)
+
 
 def test_run_hands_back_non_plain_tensors_before_reading_them():
     """_core.run (the eager entry points' path without cu_seqlens) reads plain torch
@@ -840,8 +1289,18 @@ def test_run_hands_back_non_plain_tensors_before_reading_them():
         _core.run("extended", *pos, a.get("scale"))
 
 
-@pytest.mark.parametrize("value,fast", [(None, True), ("", True), ("0", True), (" Auto ", True),
-                                        ("fla", False), ("kernel", False), ("bogus", False)])
+@pytest.mark.parametrize(
+    "value,fast",
+    [
+        (None, True),
+        ("", True),
+        ("0", True),
+        (" Auto ", True),
+        ("fla", False),
+        ("kernel", False),
+        ("bogus", False),
+    ],
+)
 def test_fast_path_only_when_force_reads_as_unset(monkeypatch, value, fast):
     """KDA_DHU_FORCE values that _force reads as unset keep the one-crossing path; "fla",
     "kernel" and invalid values (which _force refuses by name) take the general path."""
@@ -869,11 +1328,13 @@ def _intake_in_a_new_process(prelude: str = "pass", **env) -> str:
     """``_core.dlpack_intake()`` in a fresh interpreter (torch's exporter is looked up once
     per process) after ``prelude`` ran with torch imported, under these extra variables;
     KDA_DHU_NO_EXCHANGE_API only where given."""
-    code = ("import torch\n"
-            f"{prelude}\n"
-            "import kda_dhu; from kda_dhu import _core\n"
-            "_core.validate(*[torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)] * 5)\n"
-            "print(_core.dlpack_intake())")
+    code = (
+        "import torch\n"
+        f"{prelude}\n"
+        "import kda_dhu; from kda_dhu import _core\n"
+        "_core.validate(*[torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)] * 5)\n"
+        "print(_core.dlpack_intake())"
+    )
     full = {k: v for k, v in os.environ.items() if k != "KDA_DHU_NO_EXCHANGE_API"}
     full.update(KDA_DHU_NO_AUTOREGISTER="1", **env)
     out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
@@ -881,14 +1342,18 @@ def _intake_in_a_new_process(prelude: str = "pass", **env) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.skipif(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
-                    reason="this torch has no class-level DLPack exchange API")
+@pytest.mark.skipif(
+    not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+    reason="this torch has no class-level DLPack exchange API",
+)
 @pytest.mark.parametrize("own", ["missing", "not_a_capsule", "raises"])
 def test_dlpack_intake_falls_back_to_the_class_attribute(own):
     """Where torch._C._dlpack_exchange_api is missing, returns something else or raises,
     the exchange API still comes from torch.Tensor.__dlpack_c_exchange_api__."""
     patch = {
-        "missing": "del torch._C._dlpack_exchange_api" if hasattr(torch._C, "_dlpack_exchange_api") else "pass",
+        "missing": "del torch._C._dlpack_exchange_api"
+        if hasattr(torch._C, "_dlpack_exchange_api")
+        else "pass",
         "not_a_capsule": "torch._C._dlpack_exchange_api = lambda: 42",
         "raises": "torch._C._dlpack_exchange_api = lambda: 1 / 0",
     }[own]

@@ -7,7 +7,6 @@ import json
 import os
 
 import pytest
-
 from kda_dhu import bench
 
 RECORD = os.path.join(os.path.dirname(__file__), "..", "benches", "results", "latest.json")

@@ -35,10 +35,33 @@ def test_args_defaults_and_errors():
     assert (a.T, a.H, a.HV, a.K, a.V, a.dtype) == (16384, 32, 32, 128, 128, "bf16")
     assert a.cases == list(cp.CASES) and a.variants == list(cp.VARIANTS)
     assert a.gate_normalizers == [1.0, 16.0] and a.require_kernel == "i64"
-    a = cp.parse_args(["--T", "32768", "--H", "16", "--HV", "32", "--cases", "cut", "--variants", "i64",
-                       "--tol-kda", "5e-3", "--out", "/tmp/x"])
+    a = cp.parse_args(
+        [
+            "--T",
+            "32768",
+            "--H",
+            "16",
+            "--HV",
+            "32",
+            "--cases",
+            "cut",
+            "--variants",
+            "i64",
+            "--tol-kda",
+            "5e-3",
+            "--out",
+            "/tmp/x",
+        ]
+    )
     assert (a.T, a.H, a.HV, a.cases, a.variants, a.tol_kda, a.out) == (
-        32768, 16, 32, ["cut"], ["i64"], 5e-3, "/tmp/x")
+        32768,
+        16,
+        32,
+        ["cut"],
+        ["i64"],
+        5e-3,
+        "/tmp/x",
+    )
     # the GPU test's settings: fla's own int32 context, the one-GPU run on int32 too
     a = cp.parse_args(["--variants", "as_built", "--cu-dtype", "int32", "--require-kernel", "all"])
     assert (a.variants, a.cu_dtype, a.require_kernel) == (["as_built"], "int32", "all")
@@ -46,8 +69,13 @@ def test_args_defaults_and_errors():
     assert cp.parse_args([]).cu_dtype == "int64"
     assert cp.cu_from_lengths([3, 5], torch.int32).tolist() == [0, 3, 8]
     assert cp.cu_from_lengths([3, 5], torch.int32).dtype == torch.int32
-    for bad in (["--cases", "nope"], ["--variants", "x"], ["--H", "3", "--HV", "4"],
-                ["--T", "100", "--lengths", "10,20"], ["--cu-dtype", "int16"]):
+    for bad in (
+        ["--cases", "nope"],
+        ["--variants", "x"],
+        ["--H", "3", "--HV", "4"],
+        ["--T", "100", "--lengths", "10,20"],
+        ["--cu-dtype", "int16"],
+    ):
         with pytest.raises(SystemExit):
             cp.parse_args(bad)
 
@@ -62,7 +90,7 @@ def test_case_lengths(T, W):
         bounds = cp.cu_from_lengths(lens)[1:-1].tolist()
         if case == "cut":
             assert len(lens) == 6
-            assert not any(b % part == 0 for b in bounds), lens      # a sequence crosses every rank boundary
+            assert not any(b % part == 0 for b in bounds), lens  # a sequence crosses every rank boundary
             assert not any(n % 64 == 0 for n in lens[:-1]), lens
         elif case == "aligned":
             assert all(r * part in bounds for r in range(1, W)), lens
@@ -79,7 +107,7 @@ def test_split_and_gather_roundtrip():
     for t in (*x.values(), do):
         pieces = [cp.local_slice(t, r, 4) for r in range(4)]
         assert all(p.is_contiguous() and p.shape[1] == 16 for p in pieces)
-        assert pieces[0].data_ptr() != t.data_ptr()     # a copy: its own autograd leaf
+        assert pieces[0].data_ptr() != t.data_ptr()  # a copy: its own autograd leaf
         assert torch.equal(cp.concat_pieces(pieces), t)
     with pytest.raises(ValueError):
         cp.local_slice(x["q"], 0, 3)
@@ -109,12 +137,20 @@ def test_compare():
 
 def _case(rel=1e-3, launches=1, fla_launches=0, calls=1, kind="kda"):
     metrics = {"q": {"rel_fro": rel, "max_rel": rel, "max_abs": rel, "finite": True}}
-    return {"case": "cut", "gate_normalizer": 1.0, "lengths": [1], "contexts": {},
-            "comparisons": [{"name": "c", "kind": kind, "metrics": metrics}],
-            "routing": {s: {"fla": {"kernel_launches": fla_launches, "stage4_calls": calls, "verdicts": []},
-                            "kda_dhu": {"kernel_launches": launches, "stage4_calls": calls,
-                                        "verdicts": []}}
-                        for s in ("single", "cp[as_built]", "cp[i64]")}}
+    return {
+        "case": "cut",
+        "gate_normalizer": 1.0,
+        "lengths": [1],
+        "contexts": {},
+        "comparisons": [{"name": "c", "kind": kind, "metrics": metrics}],
+        "routing": {
+            s: {
+                "fla": {"kernel_launches": fla_launches, "stage4_calls": calls, "verdicts": []},
+                "kda_dhu": {"kernel_launches": launches, "stage4_calls": calls, "verdicts": []},
+            }
+            for s in ("single", "cp[as_built]", "cp[i64]")
+        },
+    }
 
 
 def test_evaluate():
@@ -159,12 +195,16 @@ def test_fla_split_and_i64_context():
     ctxs = [ctxmod.get_cp_cu_seqlens(cu, cu_seqlens_cpu=cu, world_size=2, rank=r) for r in range(2)]
     assert [c.cu_seqlens.dtype for c in ctxs] == [torch.int32, torch.int32]
     assert (ctxs[0].is_first_rank, ctxs[0].is_last_rank, ctxs[1].is_first_rank, ctxs[1].is_last_rank) == (
-        True, False, False, True)
+        True,
+        False,
+        False,
+        True,
+    )
     c64 = cp.i64_context(ctxs[1])
     assert c64.cu_seqlens.dtype == c64.cu_seqlens_cpu.dtype == torch.int64
     assert c64.cu_seqlens.tolist() == ctxs[1].cu_seqlens.tolist()
     assert (c64.pre_num_ranks, c64.is_first_rank, c64.group) == (1, False, None)
-    assert ctxs[1].cu_seqlens.dtype == torch.int32        # the original is left as it is
+    assert ctxs[1].cu_seqlens.dtype == torch.int32  # the original is left as it is
     assert cp.context_meta(c64)["dtype"] == "int64"
 
 
@@ -187,7 +227,7 @@ def test_backend_switch_and_routing():
         assert bwd.chunk_gated_delta_rule_bwd_dhu is not orig[0]
         assert _dispatch._run_kernel is not orig[1] and _dispatch.plan_call is not orig[2]
         q = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)
-        verdict = _dispatch.plan_call(q, q, q, q, q)   # a CPU call: the planner says fla
+        verdict = _dispatch.plan_call(q, q, q, q, q)  # a CPU call: the planner says fla
         assert verdict[0] is False
         assert probe.snapshot()["verdicts"] and probe.snapshot()["kernel_launches"] == 0
     assert (bwd.chunk_gated_delta_rule_bwd_dhu, _dispatch._run_kernel, _dispatch.plan_call) == orig
@@ -200,8 +240,10 @@ def _gloo_rank(rank, world_size, port, result_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         x, _ = cp.make_inputs(32, 2, 2, 8, 8, seed=5)
-        full = {n: cp._gather(cp.local_slice(t, rank, world_size), world_size, dist.group.WORLD)
-                for n, t in x.items()}
+        full = {
+            n: cp._gather(cp.local_slice(t, rank, world_size), world_size, dist.group.WORLD)
+            for n, t in x.items()
+        }
         ok = all(torch.equal(full[n], x[n]) for n in x)
         objs = [None] * world_size
         dist.all_gather_object(objs, {"rank": rank, "ok": ok})
@@ -220,20 +262,31 @@ def test_gather_over_gloo(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_gloo_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(_gloo_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     for r in range(2):
         objs = json.loads((tmp_path / f"r{r}.json").read_text())
         assert objs == [{"rank": 0, "ok": True}, {"rank": 1, "ok": True}]
 
 
 def test_dry_run(tmp_path):
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--T", "2048", "--H", "2",
-                           "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              p for p in (os.path.dirname(__import__("kda_dhu").__file__) + "/..",
-                                          os.environ.get("PYTHONPATH")) if p)))
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--dry-run", "--T", "2048", "--H", "2", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                p
+                for p in (
+                    os.path.dirname(__import__("kda_dhu").__file__) + "/..",
+                    os.environ.get("PYTHONPATH"),
+                )
+                if p
+            ),
+        ),
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "cp_check: PASS" in proc.stdout
     summary = json.loads((tmp_path / "cp_check.json").read_text())
@@ -243,7 +296,12 @@ def test_dry_run(tmp_path):
 def test_no_gpus_exit_status():
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         pytest.skip("has two GPUs: the spawning mode would run")
-    proc = subprocess.run([sys.executable, SCRIPT, "--T", "1024"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={k: v for k, v in os.environ.items()
-                                                       if k not in ("RANK", "WORLD_SIZE")})
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--T", "1024"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")},
+    )
     assert proc.returncode == cp.EXIT_ENV, proc.stdout + proc.stderr

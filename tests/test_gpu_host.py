@@ -16,12 +16,11 @@ import statistics
 import time
 import weakref
 
+import kda_dhu
 import pytest
 import torch
-
-import kda_dhu
-from kda_dhu import _core, _dispatch
 from helpers import make_inputs, run_in_threads
+from kda_dhu import _core, _dispatch
 
 pytestmark = pytest.mark.gpu
 
@@ -42,8 +41,9 @@ HOST_US_BOUND = 60.0
 
 def _tiny(rng, **over) -> dict:
     s = {**TINY, **over}
-    return make_inputs(s["B"], s["T"], s["H"], s["HV"], s["K"], s["V"], BF16, "gk",
-                       device="cuda", generator=rng)
+    return make_inputs(
+        s["B"], s["T"], s["H"], s["HV"], s["K"], s["V"], BF16, "gk", device="cuda", generator=rng
+    )
 
 
 def _assert_outputs_bitwise(got, expect, what: str) -> None:
@@ -82,9 +82,11 @@ def test_eager_call_host_time_is_small(rng, monkeypatch):
         torch.cuda.synchronize()
         per_call.append((t1 - t0) / calls / 1e3)
     median = statistics.median(per_call)
-    print(f"\nhost time per eager call (B1 T64 H1 K128 V64 bf16 gk): median {median:.1f} us, "
-          f"best {min(per_call):.1f} us ({torch.cuda.get_device_name()}); "
-          f"descriptor cache {_core.tma_cache_info()}")
+    print(
+        f"\nhost time per eager call (B1 T64 H1 K128 V64 bf16 gk): median {median:.1f} us, "
+        f"best {min(per_call):.1f} us ({torch.cuda.get_device_name()}); "
+        f"descriptor cache {_core.tma_cache_info()}"
+    )
     best = min(per_call)
     assert best < HOST_US_BOUND, f"{best:.1f} us per eager call in the best batch (bound {HOST_US_BOUND} us)"
 
@@ -103,18 +105,71 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
 
     def inputs(c):
         c = dict(c)
-        return make_inputs(c.pop("B"), c.pop("T"), c.pop("H"), c.pop("HV"), c.pop("K"),
-                           c.pop("V"), BF16, c.pop("gate"), device="cuda", generator=rng, **c)
+        return make_inputs(
+            c.pop("B"),
+            c.pop("T"),
+            c.pop("H"),
+            c.pop("HV"),
+            c.pop("K"),
+            c.pop("V"),
+            BF16,
+            c.pop("gate"),
+            device="cuda",
+            generator=rng,
+            **c,
+        )
 
     run = lambda a: _dispatch._run_kernel(  # noqa: E731 - the kernel path, poisoned outputs
-        a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],
-        a["scale"], a["cu_seqlens"], None, None, False, poison=True,
-        call=_dispatch._prepare("capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"],
-                                a["gk"], a["h0"], a["dht"], a["scale"], False, a["cu_seqlens"],
-                                64, None)[2])
+        a["q"],
+        a["k"],
+        a["w"],
+        a["do"],
+        a["dv"],
+        a["g"],
+        a["gk"],
+        a["h0"],
+        a["dht"],
+        a["scale"],
+        a["cu_seqlens"],
+        None,
+        None,
+        False,
+        poison=True,
+        call=_dispatch._prepare(
+            "capable",
+            a["q"],
+            a["k"],
+            a["w"],
+            a["do"],
+            a["dv"],
+            a["g"],
+            a["gk"],
+            a["h0"],
+            a["dht"],
+            a["scale"],
+            False,
+            a["cu_seqlens"],
+            64,
+            None,
+        )[2],
+    )
+
     def capable(a):
-        return _core.plan("capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"],
-                          a["h0"], a["dht"], a["scale"], False, a["cu_seqlens"])[0]
+        return _core.plan(
+            "capable",
+            a["q"],
+            a["k"],
+            a["w"],
+            a["do"],
+            a["dv"],
+            a["g"],
+            a["gk"],
+            a["h0"],
+            a["dht"],
+            a["scale"],
+            False,
+            a["cu_seqlens"],
+        )[0]
 
     first = [inputs(c) for c in cases]
     keep = [i for i, a in enumerate(first) if capable(a)]  # sm_100: its envelope only
@@ -143,20 +198,47 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
     # and the public entry point, after the hits, agrees with them where it plans the kernel
     for i, a in enumerate(second):
         if kda_dhu.plan_call(**a)[0]:
-            _assert_outputs_bitwise(kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a), outs_hit[i],
-                                    f"public {i}")
+            _assert_outputs_bitwise(kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a), outs_hit[i], f"public {i}")
 
 
 def test_prepared_launch_equals_the_stateless_launch(rng):
     """PreparedCall.launch (inputs read once) and _core.launch (everything read again)
     write the same bits. < 1 s."""
     a = _tiny(rng, B=2, T=130, H=2, HV=2)
-    ok, reason, call = _dispatch._prepare("capable", a["q"], a["k"], a["w"], a["do"], a["dv"],
-                                          a["g"], a["gk"], a["h0"], a["dht"], a["scale"], False,
-                                          None, 64, None)
+    ok, reason, call = _dispatch._prepare(
+        "capable",
+        a["q"],
+        a["k"],
+        a["w"],
+        a["do"],
+        a["dv"],
+        a["g"],
+        a["gk"],
+        a["h0"],
+        a["dht"],
+        a["scale"],
+        False,
+        None,
+        64,
+        None,
+    )
     assert ok, reason
-    args = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],
-            a["scale"], None, None, None, False)
+    args = (
+        a["q"],
+        a["k"],
+        a["w"],
+        a["do"],
+        a["dv"],
+        a["g"],
+        a["gk"],
+        a["h0"],
+        a["dht"],
+        a["scale"],
+        None,
+        None,
+        None,
+        False,
+    )
     prepared = _dispatch._run_kernel(*args, poison=True, call=call)
     stateless = _dispatch._run_kernel(*args, poison=True)
     torch.cuda.synchronize()
@@ -177,8 +259,19 @@ RUN_CASES = [
 
 def _run_case(c: dict, rng) -> dict:
     c = dict(c)
-    return make_inputs(c.pop("B"), c.pop("T"), c.pop("H"), c.pop("HV"), c.pop("K"), c.pop("V"),
-                       c.pop("dtype", BF16), c.pop("gate"), device="cuda", generator=rng, **c)
+    return make_inputs(
+        c.pop("B"),
+        c.pop("T"),
+        c.pop("H"),
+        c.pop("HV"),
+        c.pop("K"),
+        c.pop("V"),
+        c.pop("dtype", BF16),
+        c.pop("gate"),
+        device="cuda",
+        generator=rng,
+        **c,
+    )
 
 
 @pytest.mark.parametrize("rule,case", RUN_CASES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(RUN_CASES)])
@@ -190,15 +283,42 @@ def test_one_crossing_run_equals_the_general_path(rng, rule, case):
     a = _run_case(case, rng)
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("_core.run launches the verified sm_90a kernel only")
-    pos = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],
-           a["scale"], a["state_v_first"])
+    pos = (
+        a["q"],
+        a["k"],
+        a["w"],
+        a["do"],
+        a["dv"],
+        a["g"],
+        a["gk"],
+        a["h0"],
+        a["dht"],
+        a["scale"],
+        a["state_v_first"],
+    )
     ok, reason, call = _core.prepare(rule, *pos)
     assert ok, reason
     got = _core.run(rule, *pos)
     assert got is not None, "run handed a kernel-planned call back"
-    expect = _dispatch._run_kernel(a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"],
-                                   a["h0"], a["dht"], a["scale"], None, None, None, False,
-                                   poison=True, call=call, state_v_first=a["state_v_first"])
+    expect = _dispatch._run_kernel(
+        a["q"],
+        a["k"],
+        a["w"],
+        a["do"],
+        a["dv"],
+        a["g"],
+        a["gk"],
+        a["h0"],
+        a["dht"],
+        a["scale"],
+        None,
+        None,
+        None,
+        False,
+        poison=True,
+        call=call,
+        state_v_first=a["state_v_first"],
+    )
     torch.cuda.synchronize()
     for name, x, y in zip(NAMES, got, expect):
         if y is None:
@@ -237,8 +357,9 @@ def test_one_crossing_run_hands_back_what_it_does_not_launch(rng, monkeypatch):
 def test_prepared_launch_checks_the_outputs(rng):
     """What PreparedCall.launch reads, it checks, naming the argument; no launch happens."""
     a = _tiny(rng)
-    _, _, call = _core.prepare("extended", a["q"], a["k"], a["w"], a["do"], a["dv"], None,
-                               a["gk"], a["h0"], a["dht"], a["scale"])
+    _, _, call = _core.prepare(
+        "extended", a["q"], a["k"], a["w"], a["do"], a["dv"], None, a["gk"], a["h0"], a["dht"], a["scale"]
+    )
     stream = torch.cuda.current_stream().cuda_stream
     dh = torch.empty(1, 1, 1, 128, 64, dtype=BF16, device="cuda")
     dh0 = torch.empty_like(a["h0"])
@@ -270,8 +391,10 @@ def test_the_cache_keeps_no_tensor_alive(rng):
     out = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
     torch.cuda.synchronize()
     assert _core.tma_cache_info()["size"] >= 1
-    refs = [weakref.ref(t) for t in [*(a[k] for k in TENSOR_KEYS if a.get(k) is not None),
-                                     *(o for o in out if o is not None)]]
+    refs = [
+        weakref.ref(t)
+        for t in [*(a[k] for k in TENSOR_KEYS if a.get(k) is not None), *(o for o in out if o is not None)]
+    ]
     del a, out
     gc.collect()
     assert all(r() is None for r in refs), "a tensor outlived the call"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import make_inputs
 
 pytestmark = pytest.mark.gpu
@@ -75,8 +74,9 @@ def test_tails_and_gates(rng, gate, T):
 @pytest.mark.parametrize("gate", [None, "g", "gk"])
 def test_varlen(rng, gate):
     lengths = [1, 63, 65, 128, 200, 64, 7]
-    args = make_inputs(1, None, 2, 2, 128, 64, torch.bfloat16, gate, varlen_lengths=lengths,
-                       device="cuda", generator=rng)
+    args = make_inputs(
+        1, None, 2, 2, 128, 64, torch.bfloat16, gate, varlen_lengths=lengths, device="cuda", generator=rng
+    )
     _check(args)
 
 
@@ -86,12 +86,12 @@ def test_varlen_int32_cu_seqlens_run_the_kernel(rng):
     import kda_dhu
 
     lengths = [1, 63, 65, 128, 200, 64, 7]
-    args = make_inputs(1, None, 2, 2, 128, 128, torch.bfloat16, "gk", varlen_lengths=lengths,
-                       device="cuda", generator=rng)
+    args = make_inputs(
+        1, None, 2, 2, 128, 128, torch.bfloat16, "gk", varlen_lengths=lengths, device="cuda", generator=rng
+    )
     cu32 = args["cu_seqlens"].to(torch.int32)
     chunks = [(n + 63) // 64 for n in lengths]
-    offs32 = torch.tensor([0] + list(torch.tensor(chunks).cumsum(0)[:-1]), dtype=torch.int32,
-                          device="cuda")
+    offs32 = torch.tensor([0] + list(torch.tensor(chunks).cumsum(0)[:-1]), dtype=torch.int32, device="cuda")
     args32 = dict(args, cu_seqlens=cu32, chunk_offsets=offs32)
     before = (cu32.clone(), offs32.clone())
     assert kda_dhu.plan_call(**args32) == (True, "kernel-sm90a")
@@ -105,10 +105,11 @@ def test_varlen_int32_cu_seqlens_run_the_kernel(rng):
 
 def test_varlen_padded_batch_zeroes_dv2_padding(rng):
     lengths = [100, 30, 70]  # the last sequence ends mid-chunk: its last box reads padding
-    args = make_inputs(1, 300, 2, 2, 64, 64, torch.bfloat16, "gk", varlen_lengths=lengths,
-                       device="cuda", generator=rng)
+    args = make_inputs(
+        1, 300, 2, 2, 64, 64, torch.bfloat16, "gk", varlen_lengths=lengths, device="cuda", generator=rng
+    )
     dh, dh0, dv2 = _run_poisoned(args)
-    assert torch.count_nonzero(dv2[:, sum(lengths):]) == 0
+    assert torch.count_nonzero(dv2[:, sum(lengths) :]) == 0
     from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref
 
     ref = chunk_gated_delta_rule_bwd_dhu_ref(**args)
@@ -124,11 +125,17 @@ def test_varlen_nonfinite_memory_outside_sequences_does_not_leak(rng, monkeypatc
     if nwg != "auto":
         monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
     lengths = [100, 30, 70]
-    args = make_inputs(1, 320, 2, 2, 128, V, torch.bfloat16, "gk", varlen_lengths=lengths,
-                       device="cuda", generator=rng)
+    args = make_inputs(
+        1, 320, 2, 2, 128, V, torch.bfloat16, "gk", varlen_lengths=lengths, device="cuda", generator=rng
+    )
     end = sum(lengths)
-    for name, val in (("q", float("nan")), ("k", float("inf")), ("w", float("nan")),
-                      ("do", float("-inf")), ("dv", float("nan"))):
+    for name, val in (
+        ("q", float("nan")),
+        ("k", float("inf")),
+        ("w", float("nan")),
+        ("do", float("-inf")),
+        ("dv", float("nan")),
+    ):
         args[name][:, end:] = val
     args["gk"][:, end:] = float("nan")
     dh, dh0, dv2 = _run_poisoned(args)
@@ -154,13 +161,32 @@ WG2_CASES = {
     "k64_fp16_v128": dict(B=1, T=256, H=2, HV=2, K=64, V=128, dtype=torch.float16, gate="gk"),
     "tail_none": dict(B=2, T=200, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate=None),
     "tail_g": dict(B=2, T=65, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="g"),
-    "varlen_gk": dict(B=1, T=None, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
-                      varlen_lengths=[1, 63, 65, 128, 200, 64, 7]),
-    "varlen_g": dict(B=1, T=None, H=2, HV=2, K=64, V=128, dtype=torch.bfloat16, gate="g",
-                     varlen_lengths=[1, 63, 65, 128, 200, 64, 7]),
+    "varlen_gk": dict(
+        B=1,
+        T=None,
+        H=2,
+        HV=2,
+        K=128,
+        V=128,
+        dtype=torch.bfloat16,
+        gate="gk",
+        varlen_lengths=[1, 63, 65, 128, 200, 64, 7],
+    ),
+    "varlen_g": dict(
+        B=1,
+        T=None,
+        H=2,
+        HV=2,
+        K=64,
+        V=128,
+        dtype=torch.bfloat16,
+        gate="g",
+        varlen_lengths=[1, 63, 65, 128, 200, 64, 7],
+    ),
     "gva_h1_hv4": dict(B=1, T=192, H=1, HV=4, K=128, V=128, dtype=torch.bfloat16, gate="gk"),
-    "no_states": dict(B=2, T=128, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
-                      dht=False, h0=False),
+    "no_states": dict(
+        B=2, T=128, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk", dht=False, h0=False
+    ),
 }
 
 
@@ -168,9 +194,19 @@ WG2_CASES = {
 def test_two_warpgroups(rng, monkeypatch, case):
     monkeypatch.setenv("KDA_DHU_SM90_NWG", "2")
     spec = dict(WG2_CASES[case])
-    args = make_inputs(spec.pop("B"), spec.pop("T"), spec.pop("H"), spec.pop("HV"), spec.pop("K"),
-                       spec.pop("V"), spec.pop("dtype"), spec.pop("gate"), device="cuda",
-                       generator=rng, **spec)
+    args = make_inputs(
+        spec.pop("B"),
+        spec.pop("T"),
+        spec.pop("H"),
+        spec.pop("HV"),
+        spec.pop("K"),
+        spec.pop("V"),
+        spec.pop("dtype"),
+        spec.pop("gate"),
+        device="cuda",
+        generator=rng,
+        **spec,
+    )
     _check(args)
 
 
@@ -192,19 +228,38 @@ SVF_CASES = {
     "k64_fp16_v64": dict(B=2, T=256, H=2, HV=2, K=64, V=64, dtype=torch.float16, gate="gk"),
     "k64_bf16_v256": dict(B=1, T=192, H=2, HV=2, K=64, V=256, dtype=torch.bfloat16, gate="g"),
     "tail_none": dict(B=2, T=200, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate=None),
-    "varlen_gk": dict(B=1, T=None, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
-                      varlen_lengths=[1, 63, 65, 128, 200, 64, 7]),
+    "varlen_gk": dict(
+        B=1,
+        T=None,
+        H=2,
+        HV=2,
+        K=128,
+        V=128,
+        dtype=torch.bfloat16,
+        gate="gk",
+        varlen_lengths=[1, 63, 65, 128, 200, 64, 7],
+    ),
     "gva_h1_hv4": dict(B=1, T=192, H=1, HV=4, K=128, V=64, dtype=torch.bfloat16, gate="gk"),
-    "no_dht": dict(B=2, T=128, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk",
-                   dht=False),
+    "no_dht": dict(B=2, T=128, H=2, HV=2, K=128, V=128, dtype=torch.bfloat16, gate="gk", dht=False),
 }
 
 
 def _svf_args(rng, case):
     spec = dict(SVF_CASES[case])
-    return make_inputs(spec.pop("B"), spec.pop("T"), spec.pop("H"), spec.pop("HV"), spec.pop("K"),
-                       spec.pop("V"), spec.pop("dtype"), spec.pop("gate"), state_v_first=True,
-                       device="cuda", generator=rng, **spec)
+    return make_inputs(
+        spec.pop("B"),
+        spec.pop("T"),
+        spec.pop("H"),
+        spec.pop("HV"),
+        spec.pop("K"),
+        spec.pop("V"),
+        spec.pop("dtype"),
+        spec.pop("gate"),
+        state_v_first=True,
+        device="cuda",
+        generator=rng,
+        **spec,
+    )
 
 
 @pytest.mark.parametrize("nwg", ["1", "2"])
@@ -224,8 +279,12 @@ def test_state_v_first_is_the_transpose_bitwise(rng, monkeypatch, nwg):
     transposed, bit for bit (only the layout of the stored state differs)."""
     monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
     kv = make_inputs(2, 200, 2, 2, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
-    vk = dict(kv, state_v_first=True, dht=kv["dht"].transpose(-1, -2).contiguous(),
-              h0=kv["h0"].transpose(-1, -2).contiguous())
+    vk = dict(
+        kv,
+        state_v_first=True,
+        dht=kv["dht"].transpose(-1, -2).contiguous(),
+        h0=kv["h0"].transpose(-1, -2).contiguous(),
+    )
     dh, dh0, dv2 = _run_poisoned(kv)
     dh_t, dh0_t, dv2_t = _run_poisoned(vk)
     assert dh_t.shape == (2, 4, 2, 128, 128) and dh0_t.shape == (2, 2, 128, 128)
@@ -242,8 +301,9 @@ def test_gva(rng, H, HV):
 
 @pytest.mark.parametrize("dht,h0", [(False, True), (True, False), (False, False)])
 def test_optional_states(rng, dht, h0):
-    args = make_inputs(2, 128, 2, 2, 64, 64, torch.bfloat16, "gk", dht=dht, h0=h0,
-                       device="cuda", generator=rng)
+    args = make_inputs(
+        2, 128, 2, 2, 64, 64, torch.bfloat16, "gk", dht=dht, h0=h0, device="cuda", generator=rng
+    )
     _check(args)
 
 
@@ -252,11 +312,13 @@ def test_b2a_prod_like_shape_uses_kernel_and_matches_fla(rng):
     import kda_dhu
 
     a = make_inputs(4, 512, 32, 32, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
-    ok, reason = kda_dhu.plan_b2a(a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"],
-                                  a["dv"], a["scale"], 64)
+    ok, reason = kda_dhu.plan_b2a(
+        a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], 64
+    )
     assert ok, reason
-    ours = kda_dhu.kda_dhu_b2a(a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"],
-                               a["dv"], a["scale"], 64)
+    ours = kda_dhu.kda_dhu_b2a(
+        a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], 64
+    )
     fla = kda_dhu.fla_function()(**a)
     for o, f in zip(ours, fla):
         assert _rel(o, f) < 1e-2

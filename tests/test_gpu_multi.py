@@ -21,8 +21,10 @@ TIMEOUT_S = int(os.environ.get("KDA_DHU_CP_TIMEOUT", "540"))
 
 marks = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs 2 CUDA GPUs (context parallelism over NCCL)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+        reason="needs 2 CUDA GPUs (context parallelism over NCCL)",
+    ),
 ]
 if importlib.util.find_spec("pytest_timeout") is not None:
     marks.append(pytest.mark.timeout(TIMEOUT_S + 60))
@@ -43,16 +45,38 @@ def _env() -> dict:
 
 def test_cp_two_ranks_matches_one_gpu(tmp_path):
     pytest.importorskip("fla.ops.cp", reason="fla without context parallelism (fla.ops.cp)")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           SCRIPT, "--T", "4096", "--H", "4", "--K", "128", "--V", "128",
-           "--cases", "cut,single", "--gate-normalizers", "1,16",
-           # the context exactly as fla builds it (int32 cu_seqlens), and the one-GPU run
-           # with int32 cu_seqlens too (one set of Triton compiles); the kernel must run
-           "--variants", "as_built", "--cu-dtype", "int32", "--require-kernel", "all",
-           "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        SCRIPT,
+        "--T",
+        "4096",
+        "--H",
+        "4",
+        "--K",
+        "128",
+        "--V",
+        "128",
+        "--cases",
+        "cut,single",
+        "--gate-normalizers",
+        "1,16",
+        # the context exactly as fla builds it (int32 cu_seqlens), and the one-GPU run
+        # with int32 cu_seqlens too (one set of Triton compiles); the kernel must run
+        "--variants",
+        "as_built",
+        "--cu-dtype",
+        "int32",
+        "--require-kernel",
+        "all",
+        "--out",
+        str(tmp_path),
+    ]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as err:
         out = (err.stdout or b"")[-6000:] if isinstance(err.stdout, bytes) else (err.stdout or "")[-6000:]
         pytest.fail(f"cp_check did not finish in {TIMEOUT_S} s:\n{out}")

@@ -26,18 +26,29 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import kda_dhu
 import pytest
 import torch
-
-import kda_dhu
-from kda_dhu import _dispatch
 from helpers import make_inputs
+from kda_dhu import _dispatch
 
 pytestmark = pytest.mark.gpu
 
 NAMES = ("dh", "dh0", "dv2")
-TENSOR_KEYS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens", "chunk_indices",
-               "chunk_offsets")
+TENSOR_KEYS = (
+    "q",
+    "k",
+    "w",
+    "do",
+    "dv",
+    "g",
+    "gk",
+    "h0",
+    "dht",
+    "cu_seqlens",
+    "chunk_indices",
+    "chunk_offsets",
+)
 BF16, FP16 = torch.bfloat16, torch.float16
 GiB = 1 << 30
 MiB = 1 << 20
@@ -55,18 +66,19 @@ needs_two_gpus = pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA device
 
 # ---------------------------------------------------------------------------- helpers
 
+
 def _case(name: str, rng: torch.Generator, device="cuda") -> dict:
     """Keyword arguments of one small call, fresh from ``rng`` (drawn on the CPU)."""
     mk = lambda *a, **kw: make_inputs(*a, device=device, generator=rng, **kw)  # noqa: E731
     if name == "dense_gk":
         return mk(2, 256, 4, 4, 128, 128, BF16, "gk")
-    if name == "dense_gk_big":        # 64 CTAs of 32 chunks: long enough to overlap
+    if name == "dense_gk_big":  # 64 CTAs of 32 chunks: long enough to overlap
         return mk(4, 2048, 8, 8, 128, 128, BF16, "gk")
     if name == "dense_g_tail":
         return mk(2, 200, 2, 2, 128, 64, BF16, "g")
     if name == "dense_none_k64":
         return mk(2, 130, 2, 2, 64, 128, FP16, None)
-    if name == "dense_g_tail_many":   # 256 CTAs, T % 64 = 40
+    if name == "dense_g_tail_many":  # 256 CTAs, T % 64 = 40
         return mk(8, 1000, 16, 16, 128, 128, BF16, "g")
     if name == "gva_gk":
         return mk(1, 192, 2, 8, 128, 128, BF16, "gk")
@@ -80,7 +92,7 @@ def _case(name: str, rng: torch.Generator, device="cuda") -> dict:
         return mk(1, 320, 2, 2, 128, 64, BF16, "g", varlen_lengths=[100, 30, 70])
     if name == "varlen_padded_gk":
         return mk(1, 300, 2, 2, 64, 64, BF16, "gk", varlen_lengths=[100, 30, 70])
-    if name == "varlen_many_gva_g":   # 24 sequences x 8 heads x 2 V tiles = 384 CTAs
+    if name == "varlen_many_gva_g":  # 24 sequences x 8 heads x 2 V tiles = 384 CTAs
         lengths = torch.randint(1, 300, (24,), generator=rng).tolist()
         return mk(1, None, 4, 8, 128, 128, BF16, "g", varlen_lengths=lengths)
     raise KeyError(name)
@@ -124,8 +136,10 @@ def _assert_bitwise(a, b, what: str) -> None:
     same = _bits(a) == _bits(b)
     if not bool(same.all()):
         idx = (~same).nonzero()[0].tolist()
-        raise AssertionError(f"{what}: {int((~same).sum())} of {a.numel()} elements differ "
-                             f"bitwise, first at {idx}: {a[tuple(idx)].item()} vs {b[tuple(idx)].item()}")
+        raise AssertionError(
+            f"{what}: {int((~same).sum())} of {a.numel()} elements differ "
+            f"bitwise, first at {idx}: {a[tuple(idx)].item()} vs {b[tuple(idx)].item()}"
+        )
 
 
 def _assert_outputs_bitwise(got, expect, what: str) -> None:
@@ -216,8 +230,10 @@ def _close_report(a: torch.Tensor, b: torch.Tensor, what: str, rtol=2e-2, atol_r
     if n == 0:
         return None
     idx = tuple(bad.nonzero()[0].tolist())
-    return (f"{what}: {n} of {x.numel()} elements off (atol {atol:.3e}, rtol {rtol}); first at "
-            f"{list(idx)}: {x[idx].item():.6g} vs fla {y[idx].item():.6g}")
+    return (
+        f"{what}: {n} of {x.numel()} elements off (atol {atol:.3e}, rtol {rtol}); first at "
+        f"{list(idx)}: {x[idx].item():.6g} vs fla {y[idx].item():.6g}"
+    )
 
 
 def _big_compare(ours, theirs) -> list:
@@ -232,14 +248,16 @@ def _big_compare(ours, theirs) -> list:
         if not e < 1e-2:
             failures.append(f"{name}: relative difference to fla {e:.3e} (bar 1e-2)")
     dh, fdh = ours[0], theirs[0]
-    if dh.numel() != 2 ** 32:
+    if dh.numel() != 2**32:
         failures.append(f"dh has {dh.numel()} elements, expected 2^32")
     # dh[-1] holds flat elements [63 * 2^26, 2^32): past 2^31 and past 2^32 bytes * 2.
-    for what, a, b in (("dh[-1] (last batch row)", dh[-1], fdh[-1]),
-                       ("dh[:, -1] (last chunk)", dh[:, -1], fdh[:, -1]),
-                       ("dh[-1, -1, -1] (last head of the last chunk)", dh[-1, -1, -1], fdh[-1, -1, -1]),
-                       ("dv2[-1]", ours[2][-1], theirs[2][-1]),
-                       ("dh0[-1]", ours[1][-1], theirs[1][-1])):
+    for what, a, b in (
+        ("dh[-1] (last batch row)", dh[-1], fdh[-1]),
+        ("dh[:, -1] (last chunk)", dh[:, -1], fdh[:, -1]),
+        ("dh[-1, -1, -1] (last head of the last chunk)", dh[-1, -1, -1], fdh[-1, -1, -1]),
+        ("dv2[-1]", ours[2][-1], theirs[2][-1]),
+        ("dh0[-1]", ours[1][-1], theirs[1][-1]),
+    ):
         msg = _close_report(a, b, what)
         if msg:
             failures.append(msg)
@@ -256,8 +274,7 @@ def test_outputs_past_2_31_elements_match_fla():
     _free_all()
     free, _total = torch.cuda.mem_get_info()
     if free < BIG_FREE_BYTES:
-        pytest.skip(f"needs {BIG_FREE_BYTES / GiB:.0f} GiB of free device memory, "
-                    f"{free / GiB:.1f} GiB free")
+        pytest.skip(f"needs {BIG_FREE_BYTES / GiB:.0f} GiB of free device memory, {free / GiB:.1f} GiB free")
     B, T, H, K, V = BIG["B"], BIG["T"], BIG["H"], BIG["K"], BIG["V"]
     fla = kda_dhu.fla_function()
     # fla autotunes per (H, HV, K, V, ...): do it on a tiny call, not on the 8 GiB one.
@@ -282,8 +299,18 @@ def test_outputs_past_2_31_elements_match_fla():
 
 # ------------------------------------------------------- 2. bitwise repeatability
 
-@pytest.mark.parametrize("case", ["varlen_gk", "varlen_padded_g", "varlen_many_gva_g",
-                                  "dense_g_tail_many", "dense_none_k64", "gva_none_tail"])
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "varlen_gk",
+        "varlen_padded_g",
+        "varlen_many_gva_g",
+        "dense_g_tail_many",
+        "dense_none_k64",
+        "gva_none_tail",
+    ],
+)
 def test_repeated_runs_are_bitwise_identical(rng, case):
     """Five poisoned kernel runs of the same inputs give the same bits (varlen, padded
     batch, g gate, no gate, GVA, multi-wave grids). < 1 s each."""
@@ -299,6 +326,7 @@ def test_repeated_runs_are_bitwise_identical(rng, case):
 
 
 # ------------------------------------------------------------------- 3. streams
+
 
 @pytest.mark.parametrize("case", ["dense_gk", "varlen_padded_gk", "gva_gk"])
 def test_non_default_stream_matches_default_stream_and_fla(rng, monkeypatch, case):
@@ -387,8 +415,9 @@ def test_the_callers_current_stream_orders_the_call(rng, case):
     placeholders = {}
     for k, v in args.items():
         if isinstance(v, torch.Tensor):
-            placeholders[k] = (torch.full_like(v, float("nan")) if v.is_floating_point()
-                               else torch.zeros_like(v))
+            placeholders[k] = (
+                torch.full_like(v, float("nan")) if v.is_floating_point() else torch.zeros_like(v)
+            )
     kda_dhu.chunk_gated_delta_rule_bwd_dhu(**args)  # warm: module loaded, nothing lazy left
     torch.cuda.synchronize()
     main = torch.cuda.current_stream()
@@ -403,17 +432,20 @@ def test_the_callers_current_stream_orders_the_call(rng, case):
         done.record(s)
     # a consumer on the default stream, ordered by the event alone
     main.wait_event(done)
-    checks = [torch.equal(_bits(a), _bits(b)) if a is not None else None
-              for a, b in zip(got, expect)]  # host-synchronizes main, which waits on `done`
+    checks = [
+        torch.equal(_bits(a), _bits(b)) if a is not None else None for a, b in zip(got, expect)
+    ]  # host-synchronizes main, which waits on `done`
     torch.cuda.synchronize()
     _assert_outputs_bitwise(got, expect, f"{case} under torch.cuda.stream(s)")
     assert all(c is None or c for c in checks)
     if args.get("cu_seqlens") is None:
-        assert still_busy, ("the dense call returned after stream s drained: it synchronized "
-                            "(or the sleep was too short)")
+        assert still_busy, (
+            "the dense call returned after stream s drained: it synchronized (or the sleep was too short)"
+        )
 
 
 # ------------------------------------------------------------------- 4. devices
+
 
 class _Sub(torch.Tensor):
     pass
@@ -473,13 +505,21 @@ def test_inputs_on_cuda1_while_current_device_is_cuda0(rng, monkeypatch, case):
 
 
 @needs_two_gpus
-@pytest.mark.parametrize("case,moved,named", [
-    ("dense_gk", "k", "k"), ("dense_gk", "w", "w"), ("dense_gk", "do", "do"),
-    ("dense_gk", "dv", "dv"), ("dense_gk", "gk", "gk"), ("dense_gk", "h0", "h0"),
-    ("dense_gk", "dht", "dht"),
-    ("dense_gk", "q", "k"),            # q sets the device: the first other tensor is named
-    ("varlen_g", "g", "g"), ("varlen_g", "cu_seqlens", "cu_seqlens"),
-])
+@pytest.mark.parametrize(
+    "case,moved,named",
+    [
+        ("dense_gk", "k", "k"),
+        ("dense_gk", "w", "w"),
+        ("dense_gk", "do", "do"),
+        ("dense_gk", "dv", "dv"),
+        ("dense_gk", "gk", "gk"),
+        ("dense_gk", "h0", "h0"),
+        ("dense_gk", "dht", "dht"),
+        ("dense_gk", "q", "k"),  # q sets the device: the first other tensor is named
+        ("varlen_g", "g", "g"),
+        ("varlen_g", "cu_seqlens", "cu_seqlens"),
+    ],
+)
 def test_mixed_devices_raise_value_error_naming_the_argument(rng, case, moved, named):
     """One tensor on cuda:1, the rest on cuda:0: ValueError naming it, from the entry
     point; plan_call reports it. Instant."""
@@ -499,8 +539,9 @@ def test_mixed_devices_through_b2a_op_and_a_fallback_call(rng):
     a = _case("dense_gk", rng, device="cuda:0")
     a["dht"] = a["dht"].to("cuda:1")
     with pytest.raises(ValueError, match=r"^dht: .*cuda:1"):
-        kda_dhu.kda_dhu_b2a(a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"],
-                            a["scale"], 64)
+        kda_dhu.kda_dhu_b2a(
+            a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], 64
+        )
     with pytest.raises((ValueError, RuntimeError), match=r"dht|device"):
         kda_dhu.chunk_gated_delta_rule_bwd_dhu_op(**a)
     with pytest.raises(ValueError, match=r"^dht: .*cuda:1"):
@@ -509,19 +550,20 @@ def test_mixed_devices_through_b2a_op_and_a_fallback_call(rng):
 
 # -------------------------------------------------------------------- 5. memory
 
+
 def _memory_problems(rng) -> list:
     mk = lambda *a, **kw: make_inputs(*a, device="cuda", generator=rng, **kw)  # noqa: E731
     return [
         mk(2, 128, 2, 2, 128, 64, BF16, "gk"),
-        mk(2, 100, 2, 2, 128, 64, BF16, "g"),                                   # tail
-        mk(1, 65, 1, 1, 64, 64, FP16, None),                                    # K 64, fp16
+        mk(2, 100, 2, 2, 128, 64, BF16, "g"),  # tail
+        mk(1, 65, 1, 1, 64, 64, FP16, None),  # K 64, fp16
         mk(1, None, 2, 2, 128, 64, BF16, "gk", varlen_lengths=[1, 63, 65, 7]),
-        mk(1, 256, 2, 2, 64, 64, BF16, "g", varlen_lengths=[100, 30, 70]),      # padded
-        mk(1, 192, 1, 4, 128, 64, BF16, "gk"),                                  # GVA
+        mk(1, 256, 2, 2, 64, 64, BF16, "g", varlen_lengths=[100, 30, 70]),  # padded
+        mk(1, 192, 1, 4, 128, 64, BF16, "gk"),  # GVA
         mk(2, 64, 2, 2, 128, 128, BF16, "gk", dht=False, h0=False),
-        mk(3, 1, 1, 1, 128, 64, BF16, "gk"),                                    # T = 1
+        mk(3, 1, 1, 1, 128, 64, BF16, "gk"),  # T = 1
         mk(1, None, 1, 2, 64, 128, FP16, None, varlen_lengths=[64, 128, 5]),
-        mk(2, 300, 2, 2, 128, 192, BF16, "gk", h0=False),                       # V = 192
+        mk(2, 300, 2, 2, 128, 192, BF16, "gk", h0=False),  # V = 192
     ]
 
 
@@ -557,19 +599,26 @@ def test_ten_thousand_calls_release_device_and_host_memory(rng, monkeypatch):
     elapsed = time.perf_counter() - t0
     rss_end = _rss()
     allocated = torch.cuda.memory_allocated()
-    print(f"{calls} calls in {elapsed:.1f} s; allocated {base} -> {allocated_1000} (call 1000) "
-          f"-> {allocated}; RSS {rss_1000 / MiB:.1f} -> {rss_end / MiB:.1f} MiB")
-    assert allocated == base, (f"torch.cuda.memory_allocated() {allocated} after the loop, "
-                               f"{base} before (call 1000: {allocated_1000})")
+    print(
+        f"{calls} calls in {elapsed:.1f} s; allocated {base} -> {allocated_1000} (call 1000) "
+        f"-> {allocated}; RSS {rss_1000 / MiB:.1f} -> {rss_end / MiB:.1f} MiB"
+    )
+    assert allocated == base, (
+        f"torch.cuda.memory_allocated() {allocated} after the loop, "
+        f"{base} before (call 1000: {allocated_1000})"
+    )
     assert rss_end - rss_1000 < 50 * MiB, (
-        f"host RSS grew {(rss_end - rss_1000) / MiB:.1f} MiB between call 1,000 and call {calls}")
+        f"host RSS grew {(rss_end - rss_1000) / MiB:.1f} MiB between call 1,000 and call {calls}"
+    )
 
 
 # --------------------------------------------------------- 6. inputs never modified
 
+
 @pytest.mark.parametrize("path", ["kernel", "fla", "op"])
-@pytest.mark.parametrize("case", ["dense_g_tail", "dense_none_k64", "gva_gk", "varlen_padded_gk",
-                                  "varlen_g_tables"])
+@pytest.mark.parametrize(
+    "case", ["dense_g_tail", "dense_none_k64", "gva_gk", "varlen_padded_gk", "varlen_g_tables"]
+)
 def test_inputs_are_never_modified(rng, monkeypatch, path, case):
     """Every input tensor (padding garbage of padded batches, fla's chunk tables
     included) is bitwise unchanged after a call, on the kernel path, the fla path and
@@ -587,8 +636,9 @@ def test_inputs_are_never_modified(rng, monkeypatch, path, case):
     torch.cuda.synchronize()
     for k, v in before.items():
         _assert_bitwise(args[k], v, f"input {k} after a {path} call")
-    ptrs = {v.data_ptr() for v in before.values()} | {v.data_ptr() for k, v in args.items()
-                                                       if isinstance(v, torch.Tensor)}
+    ptrs = {v.data_ptr() for v in before.values()} | {
+        v.data_ptr() for k, v in args.items() if isinstance(v, torch.Tensor)
+    }
     for name, o in zip(NAMES, out):
         if o is not None:
             assert o.data_ptr() not in ptrs, f"{name} aliases an input"
@@ -600,14 +650,16 @@ def test_inputs_are_never_modified_by_the_seed_dispatcher(rng, monkeypatch):
     for force in ("kernel", "fla"):
         monkeypatch.setenv("KDA_DHU_FORCE", force)
         before = _inputs_snapshot(a)
-        kda_dhu.kda_dhu_b2a(a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"],
-                            a["scale"], 64)
+        kda_dhu.kda_dhu_b2a(
+            a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], 64
+        )
         torch.cuda.synchronize()
         for k, v in before.items():
             _assert_bitwise(a[k], v, f"input {k} after kda_dhu_b2a ({force})")
 
 
 # --------------------------------------------------------------- 7. CUDA graphs
+
 
 def _capture(fn):
     """torch's recipe: warm up on a side stream, then capture one call."""
@@ -654,8 +706,11 @@ def test_cuda_graph_replay_equals_eager(rng, monkeypatch, entry, case):
     on the same inputs, then, after copying new inputs in, eager on the new ones (bitwise).
     < 1 s."""
     monkeypatch.setenv("KDA_DHU_FORCE", "kernel")  # capture the kernel, not fla's Triton
-    call = (kda_dhu.chunk_gated_delta_rule_bwd_dhu if entry == "function"
-            else kda_dhu.chunk_gated_delta_rule_bwd_dhu_op)
+    call = (
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu
+        if entry == "function"
+        else kda_dhu.chunk_gated_delta_rule_bwd_dhu_op
+    )
     static = _case(case, rng)
     fresh = _case(case, rng)
     eager_static, eager_fresh = _replay_equals_eager(call, static, fresh, f"{case} {entry}")
@@ -751,8 +806,9 @@ def test_varlen_call_cannot_be_captured_and_says_so():
     state unusable.) ~10 s (the child imports torch, fla and kda_dhu)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    r = subprocess.run([sys.executable, "-c", _VARLEN_CAPTURE], capture_output=True, text=True,
-                       timeout=150, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", _VARLEN_CAPTURE], capture_output=True, text=True, timeout=150, env=env
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("RAISED", "CAPTURED"))]
     assert lines, f"child rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     if lines[0].startswith("RAISED"):
@@ -760,6 +816,7 @@ def test_varlen_call_cannot_be_captured_and_says_so():
 
 
 # ------------------------------------------------------------- 8. torch.compile
+
 
 @pytest.mark.parametrize("case", ["gva_gk_tail", "dense_g", "varlen_tables", "varlen_dynamic"])
 def test_torch_compile_fullgraph_matches_eager(rng, monkeypatch, case):
@@ -776,18 +833,42 @@ def test_torch_compile_fullgraph_matches_eager(rng, monkeypatch, case):
     elif case == "dense_g":
         a = make_inputs(2, 128, 2, 2, 64, 128, BF16, "g", h0=False, device="cuda", generator=rng)
     else:
-        a = make_inputs(1, None, 2, 2, 128, 64, BF16, "gk", varlen_lengths=[1, 63, 65, 7],
-                        device="cuda", generator=rng)
+        a = make_inputs(
+            1, None, 2, 2, 128, 64, BF16, "gk", varlen_lengths=[1, 63, 65, 7], device="cuda", generator=rng
+        )
     ci = _with_tables(a)["chunk_indices"] if case == "varlen_tables" else None
     scale = a["scale"]
 
     def step(q, k, w, do, dv, g, gk, h0, dht, cu, chunk_indices):
-        dh, dh0, dv2 = op(q, k, w, do, dv, g=g, gk=gk, h0=h0, dht=dht, scale=scale,
-                          cu_seqlens=cu, chunk_indices=chunk_indices)
+        dh, dh0, dv2 = op(
+            q,
+            k,
+            w,
+            do,
+            dv,
+            g=g,
+            gk=gk,
+            h0=h0,
+            dht=dht,
+            scale=scale,
+            cu_seqlens=cu,
+            chunk_indices=chunk_indices,
+        )
         return dh, dh0, dv2, dv2.float() - dv.float()
 
-    inputs = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"],
-              a["cu_seqlens"], ci)
+    inputs = (
+        a["q"],
+        a["k"],
+        a["w"],
+        a["do"],
+        a["dv"],
+        a["g"],
+        a["gk"],
+        a["h0"],
+        a["dht"],
+        a["cu_seqlens"],
+        ci,
+    )
     eager = step(*inputs)
     compiled = torch.compile(step, fullgraph=True)(*inputs)
     torch.cuda.synchronize()

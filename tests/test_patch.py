@@ -23,8 +23,11 @@ def _ours():
 
 def _snapshot() -> dict[str, object]:
     """Every fla.* module's global named chunk_gated_delta_rule_bwd_dhu."""
-    return {n: m.__dict__[NAME] for n, m in list(sys.modules.items())
-            if (n == "fla" or n.startswith("fla.")) and isinstance(m, types.ModuleType) and NAME in m.__dict__}
+    return {
+        n: m.__dict__[NAME]
+        for n, m in list(sys.modules.items())
+        if (n == "fla" or n.startswith("fla.")) and isinstance(m, types.ModuleType) and NAME in m.__dict__
+    }
 
 
 def _assert_same(before: dict, after: dict):
@@ -49,7 +52,12 @@ def test_patch_rebinds_every_fla_user_and_unpatch_restores_identity():
     decorated = sys.modules[SOURCE].__dict__[NAME]
     before = _snapshot()
     fla_holders = {n for n, obj in before.items() if obj is decorated or obj is original}
-    for expected in (SOURCE, "fla.ops.kda.chunk_bwd", "fla.ops.gated_delta_rule.chunk", "fla.ops.delta_rule.chunk"):
+    for expected in (
+        SOURCE,
+        "fla.ops.kda.chunk_bwd",
+        "fla.ops.gated_delta_rule.chunk",
+        "fla.ops.delta_rule.chunk",
+    ):
         assert expected in fla_holders, expected
 
     assert P.patch() == len(fla_holders)

@@ -27,9 +27,14 @@ def test_list_is_the_bench_table():
     assert proc.stdout.split() == [r[0] for r in bench.SHAPES]
 
 
-@pytest.mark.parametrize("args,msg", [(("--shapes", "nope"), "unknown shape(s) ['nope']"),
-                                      (("--warmup", "-1"), "--warmup must be >= 0"),
-                                      (("--nwg", "3"), "invalid choice")])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (("--shapes", "nope"), "unknown shape(s) ['nope']"),
+        (("--warmup", "-1"), "--warmup must be >= 0"),
+        (("--nwg", "3"), "invalid choice"),
+    ],
+)
 def test_bad_arguments(args, msg):
     proc = _run(*args)
     assert proc.returncode == 2 and msg in proc.stderr, proc.stderr
@@ -62,7 +67,17 @@ def test_run_kernel_forwards_every_argument_to_validation():
     from kda_dhu.testing import make_inputs, run_kernel
 
     for svf in (False, True):
-        a = make_inputs(1, 100, 2, 2, 64, 128, torch.bfloat16, "gk", state_v_first=svf,
-                        generator=torch.Generator().manual_seed(0))
+        a = make_inputs(
+            1,
+            100,
+            2,
+            2,
+            64,
+            128,
+            torch.bfloat16,
+            "gk",
+            state_v_first=svf,
+            generator=torch.Generator().manual_seed(0),
+        )
         with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
             run_kernel(a, poison=True)

@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-
 from helpers import make_inputs, naive_bwd_dhu
 
 ref_mod = importlib.import_module("kda_dhu.reference")
@@ -24,7 +23,10 @@ F64 = torch.float64
 
 def _f64(inputs: dict) -> dict:
     """The same inputs with every floating tensor in float64 (exact)."""
-    return {k: (v.to(F64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()}
+    return {
+        k: (v.to(F64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in inputs.items()
+    }
 
 
 def _close(a, b, tol=1e-12):
@@ -37,6 +39,7 @@ def _close(a, b, tol=1e-12):
 
 # ---------------------------------------------------------------- (a) by hand
 
+
 def test_literal_two_token_chunk_with_scalar_gate():
     """K = V = 1, T = 2, one chunk, g gate: every number worked out by hand.
 
@@ -45,9 +48,15 @@ def test_literal_two_token_chunk_with_scalar_gate():
     """
     t = lambda *x: torch.tensor(x, dtype=F64).view(1, 2, 1, 1)  # noqa: E731
     dh, dh0, dv2 = ref(
-        q=t(1.0, 2.0), k=t(1.0, 0.5), w=t(0.25, 1.0), do=t(1.0, -1.0), dv=t(2.0, 3.0),
+        q=t(1.0, 2.0),
+        k=t(1.0, 0.5),
+        w=t(0.25, 1.0),
+        do=t(1.0, -1.0),
+        dv=t(2.0, 3.0),
         g=torch.tensor([[[-1.0], [-2.0]]], dtype=F64),
-        h0=torch.zeros(1, 1, 1, 1), dht=torch.full((1, 1, 1, 1), 4.0, dtype=F64), scale=0.5,
+        h0=torch.zeros(1, 1, 1, 1),
+        dht=torch.full((1, 1, 1, 1), 4.0, dtype=F64),
+        scale=0.5,
     )
     assert dh.shape == (1, 1, 1, 1, 1)
     assert dh.item() == 4.0
@@ -65,7 +74,7 @@ def test_one_chunk_matches_matrix_formulas(gate, T, rng):
     for n in range(2):
         for h in range(2):
             Q, Kc, W, dO, dV, b = q[n, :, h], k[n, :, h], w[n, :, h], do[n, :, h], dv[n, :, h], dht[n, h]
-            D = torch.eye(T, dtype=F64)   # diag(exp2(g_last - g_t))
+            D = torch.eye(T, dtype=F64)  # diag(exp2(g_last - g_t))
             decay = torch.eye(16, dtype=F64)
             Qg = Q
             if gate == "g":
@@ -83,6 +92,7 @@ def test_one_chunk_matches_matrix_formulas(gate, T, rng):
 
 
 # ------------------------------------------------------ (b) independent loop
+
 
 @pytest.mark.parametrize("gate", [None, "g", "gk"])
 def test_two_chunks_match_naive_token_loop(gate, rng):
@@ -118,6 +128,7 @@ def test_rounding_flag_is_a_noop_for_float64(rng):
 
 # ------------------------------------------------------------- (c) varlen
 
+
 @pytest.mark.parametrize("gate", [None, "g", "gk"])
 def test_varlen_equals_each_sequence_alone(gate, rng):
     lengths = [70, 64, 1, 130]
@@ -131,11 +142,11 @@ def test_varlen_equals_each_sequence_alone(gate, rng):
         for name in ("q", "k", "w", "do", "dv", "g", "gk"):
             if one[name] is not None:
                 one[name] = inp[name][:, s:e]
-        one["dht"], one["h0"] = inp["dht"][i:i + 1], inp["h0"][i:i + 1]
+        one["dht"], one["h0"] = inp["dht"][i : i + 1], inp["h0"][i : i + 1]
         dh_i, dh0_i, dv2_i = ref(**one)
         nt = -(-n // 64)
-        _close(dh[:, off:off + nt], dh_i, 1e-13)
-        _close(dh0[i:i + 1], dh0_i, 1e-13)
+        _close(dh[:, off : off + nt], dh_i, 1e-13)
+        _close(dh0[i : i + 1], dh0_i, 1e-13)
         _close(dv2[:, s:e], dv2_i, 1e-13)
         off += nt
 
@@ -153,7 +164,9 @@ def test_varlen_explicit_chunk_offsets_and_indices(rng):
     """chunk_offsets places each sequence's chunks; chunk_indices sets dh's length."""
     inp = make_inputs(1, None, 1, 1, 8, 8, torch.bfloat16, "g", varlen_lengths=[65, 10], generator=rng)
     base = ref(**inp)
-    moved = ref(**inp, chunk_offsets=torch.tensor([3, 0, 3]), chunk_indices=torch.zeros(5, 2, dtype=torch.long))
+    moved = ref(
+        **inp, chunk_offsets=torch.tensor([3, 0, 3]), chunk_indices=torch.zeros(5, 2, dtype=torch.long)
+    )
     assert moved[0].shape[1] == 5
     torch.testing.assert_close(moved[0][:, 3:5], base[0][:, 0:2], rtol=0, atol=0)
     torch.testing.assert_close(moved[0][:, 0], base[0][:, 2], rtol=0, atol=0)
@@ -163,6 +176,7 @@ def test_varlen_explicit_chunk_offsets_and_indices(rng):
 
 
 # ---------------------------------------------------------------- (d) GVA
+
 
 @pytest.mark.parametrize("gate", [None, "g", "gk"])
 def test_gva_equals_repeated_qk_heads(gate, rng):
@@ -174,14 +188,22 @@ def test_gva_equals_repeated_qk_heads(gate, rng):
 
 # -------------------------------------------------------- (e) state_v_first
 
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_state_v_first_equals_transposing(varlen, rng):
     kw = dict(varlen_lengths=[30, 90]) if varlen else {}
-    inp = make_inputs(1 if varlen else 2, None if varlen else 90, 1, 2, 16, 8, torch.bfloat16, "gk",
-                      generator=rng, **kw)
+    inp = make_inputs(
+        1 if varlen else 2, None if varlen else 90, 1, 2, 16, 8, torch.bfloat16, "gk", generator=rng, **kw
+    )
     kf = ref(**inp)
-    vf = ref(**dict(inp, dht=inp["dht"].transpose(-1, -2).contiguous(),
-                    h0=inp["h0"].transpose(-1, -2).contiguous(), state_v_first=True))
+    vf = ref(
+        **dict(
+            inp,
+            dht=inp["dht"].transpose(-1, -2).contiguous(),
+            h0=inp["h0"].transpose(-1, -2).contiguous(),
+            state_v_first=True,
+        )
+    )
     assert vf[0].shape == kf[0].shape[:-2] + (8, 16)
     assert vf[1].shape == (inp["dht"].shape[0], 2, 8, 16)
     _close(vf[0].transpose(-1, -2), kf[0], 1e-13)
@@ -190,6 +212,7 @@ def test_state_v_first_equals_transposing(varlen, rng):
 
 
 # ----------------------------------------------------- (f) dht None, h0 None
+
 
 def test_dht_none_equals_dht_zeros(rng):
     inp = make_inputs(2, 70, 1, 1, 8, 8, torch.bfloat16, "g", generator=rng)
@@ -209,6 +232,7 @@ def test_h0_none_gives_dh0_none(rng):
 
 
 # ---------------------------------------------------------------- (g) tails
+
 
 @pytest.mark.parametrize("T", [65, 63])
 @pytest.mark.parametrize("gate", [None, "g", "gk"])
@@ -241,6 +265,7 @@ def test_gk_read_only_at_each_chunks_last_valid_row(rng):
 
 # ------------------------------------------------------ (h) padded varlen
 
+
 @pytest.mark.parametrize("gate", [None, "g", "gk"])
 def test_padded_varlen_leaves_padding_zero(gate, rng):
     lengths = [40, 70]
@@ -259,9 +284,11 @@ def test_padded_varlen_leaves_padding_zero(gate, rng):
 
 # ------------------------------------------------------------------ misc
 
+
 def test_realistic_size_runs_quickly(rng):
     """T = 2048, HV = 8, K = V = 128 on the CPU: vectorized over heads, must be fast."""
     import time
+
     inp = make_inputs(1, 2048, 4, 8, 128, 128, torch.bfloat16, "gk", generator=rng)
     t0 = time.perf_counter()
     dh, dh0, dv2 = ref(**inp)

@@ -21,7 +21,6 @@ import inspect
 
 import pytest
 import torch
-
 from helpers import make_inputs
 
 pytestmark = pytest.mark.gpu
@@ -50,11 +49,11 @@ def test_reference_models_fla_bf16(case, rng):
     cu = inp["cu_seqlens"]
     if cu is not None:  # fla leaves rows past cu_seqlens[-1] unwritten
         out[2] = out[2].clone()
-        out[2][:, int(cu[-1]):] = 0
+        out[2][:, int(cu[-1]) :] = 0
     emu = R.chunk_gated_delta_rule_bwd_dhu_ref(**inp, emulate_rounding=True)
     exact = R.chunk_gated_delta_rule_bwd_dhu_ref(**inp, emulate_rounding=False)
     bound = 1e-3 if CASES[case]["gate"] == "g" else 3e-4
-    for name, o, e, x in zip(("dh", "dh0", "dv2"), out, emu, exact):
+    for name, o, e, _x in zip(("dh", "dh0", "dv2"), out, emu, exact):
         # the op itself: fla is within bf16 output rounding of the reference
         assert R.rel_err(o, e) < 4e-3, (name, R.rel_err(o, e))
         # the rounding model: far below bf16's epsilon once output rounding is removed

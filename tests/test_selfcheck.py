@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-
 from kda_dhu import _dispatch
 from kda_dhu._selfcheck import SelfCheck, compare_outputs
 
@@ -73,8 +72,10 @@ def test_trust_env_skips_the_check(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_compare_outputs_tolerances(dtype):
     a = _outs(3, dtype)
-    noise = tuple(x + (1e-3 * x.float().abs().mean() * torch.randn(x.shape)).to(x.dtype)
-                  if x.dtype == dtype else x for x in a)
+    noise = tuple(
+        x + (1e-3 * x.float().abs().mean() * torch.randn(x.shape)).to(x.dtype) if x.dtype == dtype else x
+        for x in a
+    )
     assert compare_outputs(a, a)[0]
     assert compare_outputs(noise, a)[0]
     assert not compare_outputs(_outs(3, dtype, bad=True), a)[0]
@@ -93,12 +94,13 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
     monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)
     monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm100a", None))
     monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: bad)
-    monkeypatch.setattr(_dispatch, "fla_function", lambda: (lambda **kw: good))
+    monkeypatch.setattr(_dispatch, "fla_function", lambda: lambda **kw: good)
     q = torch.zeros(1, 64, 1, 8, dtype=torch.bfloat16)
     with pytest.warns(RuntimeWarning, match="sm_100a kernel disagreed"):
         out = _dispatch.chunk_gated_delta_rule_bwd_dhu(q, q, q, q, q)
     assert out is good
     assert _dispatch.SM100_CHECK.disabled_reason is not None
+
     # The seed's dispatcher shares the guard: the kernel stays off for it too (not run
     # again, no second warning).
     def no_kernel(*a, **k):

@@ -10,9 +10,7 @@ import re
 
 from kda_dhu import _core
 
-SM100_ENTRY_POINTS = [
-    f"kda_dhu_sm100_k{k}_{dt}" for k in (64, 128) for dt in ("bf16", "fp16")
-]
+SM100_ENTRY_POINTS = [f"kda_dhu_sm100_k{k}_{dt}" for k in (64, 128) for dt in ("bf16", "fp16")]
 
 
 def test_sm100a_cubin_is_embedded():
@@ -22,7 +20,7 @@ def test_sm100a_cubin_is_embedded():
 def test_each_sm100_entry_point_was_built_without_a_stack_frame():
     info = _core.build_info()
     for name in SM100_ENTRY_POINTS:
-        line = next((l for l in info.splitlines() if f" {name}:" in l), None)
+        line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
         assert line is not None, f"{name} missing from build_info():\n{info}"
         assert line.startswith("dhu_sm100 sm_100a "), line
         m = re.search(r": (\d+) registers, \d+ bytes static smem, (\d+) bytes stack frame$", line)

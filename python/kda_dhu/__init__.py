@@ -27,6 +27,9 @@ from ._dispatch import (
     plan_b2a,
     plan_call,
 )
+from .fla_backend import register_backend, unregister_backend
+from .ops import chunk_gated_delta_rule_bwd_dhu_op
+from .patch import is_patched, patch, patched, unpatch
 
 __version__ = "0.1.0"
 
@@ -39,10 +42,6 @@ def cuda_status():
         return False, f"kda_dhu's compiled extension is not built: {_dispatch._core_error}"
     return _dispatch._core.cuda_status()
 
-
-from .fla_backend import register_backend, unregister_backend
-from .ops import chunk_gated_delta_rule_bwd_dhu_op
-from .patch import is_patched, patch, patched, unpatch
 
 if _os.environ.get("KDA_DHU_NO_AUTOREGISTER", "0") == "0":
     try:

@@ -25,8 +25,10 @@ def _cpu_check() -> int:
     cases = [
         ("kda gk, B2 T130 H2 K=V=32", dict(B=2, T=130, H=2, HV=2, K=32, V=32, gate="gk")),
         ("gdn g, GVA H1 HV2, tail", dict(B=1, T=100, H=1, HV=2, K=16, V=32, gate="g")),
-        ("delta rule, varlen 1/63/65", dict(B=1, T=None, H=2, HV=2, K=16, V=16, gate=None,
-                                           varlen_lengths=[1, 63, 65])),
+        (
+            "delta rule, varlen 1/63/65",
+            dict(B=1, T=None, H=2, HV=2, K=16, V=16, gate=None, varlen_lengths=[1, 63, 65]),
+        ),
     ]
     worst = 0.0
     for name, kw in cases:
@@ -35,20 +37,26 @@ def _cpu_check() -> int:
         loop = naive_bwd_dhu(**inp, round_dtype=torch.bfloat16)
         errs = {n: rel_err(a, b) for n, a, b in zip(("dh", "dh0", "dv2"), ref, loop)}
         worst = max(worst, *errs.values())
-        print(f"  {name:<30} reference vs per-token loop: "
-              + "  ".join(f"{n} {e:.1e}" for n, e in errs.items()))
+        print(
+            f"  {name:<30} reference vs per-token loop: " + "  ".join(f"{n} {e:.1e}" for n, e in errs.items())
+        )
     ok = worst < 1e-10
     print(f"CPU reference check: {'passed' if ok else 'FAILED'} (worst relative difference {worst:.1e})")
     return 0 if ok else 1
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kda_dhu", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kda_dhu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     from .bench import SHAPES
 
-    ap.add_argument("--shape", default="prod8192", choices=[r[0] for r in SHAPES],
-                    help="the shape to run on a GPU (default prod8192)")
+    ap.add_argument(
+        "--shape",
+        default="prod8192",
+        choices=[r[0] for r in SHAPES],
+        help="the shape to run on a GPU (default prod8192)",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -70,13 +78,19 @@ def main(argv=None) -> int:
     bw = bench.copy_bandwidth()
     import fla
 
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  fla {fla.__version__}  "
-          f"kda_dhu {kda_dhu.__version__}  copy bandwidth {bw:.0f} GB/s")
+    print(
+        f"{torch.cuda.get_device_name()}  torch {torch.__version__}  fla {fla.__version__}  "
+        f"kda_dhu {kda_dhu.__version__}  copy bandwidth {bw:.0f} GB/s"
+    )
     r = bench.run_shape(rows[0], bw, entry="b2a")
-    print(f"{r['shape']}: B={r['B']} T={r['T']} H={r['H']} HV={r['HV']} K={r['K']} V={r['V']} bf16 "
-          f"({r['path']})")
-    print(f"  kda_dhu {r['kda_dhu_ms']:.3f} ms ({r['over_floor']:.2f}x floor)   fla {r['fla_ms']:.3f} ms "
-          f"({r['fla_over_floor']:.2f}x floor)   speed-up {r['speedup_vs_fla']:.2f}x")
+    print(
+        f"{r['shape']}: B={r['B']} T={r['T']} H={r['H']} HV={r['HV']} K={r['K']} V={r['V']} bf16 "
+        f"({r['path']})"
+    )
+    print(
+        f"  kda_dhu {r['kda_dhu_ms']:.3f} ms ({r['over_floor']:.2f}x floor)   fla {r['fla_ms']:.3f} ms "
+        f"({r['fla_over_floor']:.2f}x floor)   speed-up {r['speedup_vs_fla']:.2f}x"
+    )
     for who, errs in (("kda_dhu", r["rel_err"]), ("fla", r["fla_rel_err"])):
         if errs:
             print(f"  {who:<8} error vs {r['ref']}: " + "  ".join(f"{k} {v:.2e}" for k, v in errs.items()))

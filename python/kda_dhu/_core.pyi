@@ -10,7 +10,7 @@ cover; RuntimeError for CUDA driver failures (including "no CUDA driver (libcuda
 found"). Every message names the argument and what was expected.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 Tensor = Any  # any object with __dlpack__
 
@@ -27,15 +27,15 @@ def validate(
     w: Tensor,
     do: Tensor,
     dv: Tensor,
-    g: Optional[Tensor] = None,
-    gk: Optional[Tensor] = None,
-    h0: Optional[Tensor] = None,
-    dht: Optional[Tensor] = None,
-    scale: Optional[float] = None,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
     state_v_first: bool = False,
-    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens: Tensor | None = None,
     chunk_size: int = 64,
-    chunk_offsets: Optional[Tensor] = None,
+    chunk_offsets: Tensor | None = None,
 ) -> None:
     """Raise if fla's ``chunk_gated_delta_rule_bwd_dhu`` could not take these arguments.
 
@@ -55,16 +55,16 @@ def plan(
     w: Tensor,
     do: Tensor,
     dv: Tensor,
-    g: Optional[Tensor] = None,
-    gk: Optional[Tensor] = None,
-    h0: Optional[Tensor] = None,
-    dht: Optional[Tensor] = None,
-    scale: Optional[float] = None,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
     state_v_first: bool = False,
-    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens: Tensor | None = None,
     chunk_size: int = 64,
-    chunk_offsets: Optional[Tensor] = None,
-) -> Tuple[bool, str]:
+    chunk_offsets: Tensor | None = None,
+) -> tuple[bool, str]:
     """Kernel or fallback for this call under ``rule``: ``(True, "kernel-sm90a")`` or
     ``(False, reason)``.
 
@@ -85,15 +85,15 @@ class PreparedCall:
     outputs. Holds the call's numbers (addresses, extents) and references to its input
     objects; nothing of it outlives the object."""
 
-    def replan(self, rule: str) -> Tuple[bool, str]:
+    def replan(self, rule: str) -> tuple[bool, str]:
         """The plan of this call under another rule (no re-validation)."""
 
     def launch(
         self,
         dh: Tensor,
-        dh0: Optional[Tensor],
+        dh0: Tensor | None,
         dv2: Tensor,
-        chunk_offsets: Optional[Tensor],
+        chunk_offsets: Tensor | None,
         stream: int,
     ) -> None:
         """``launch`` of the prepared inputs: the outputs as ``launch`` takes them; with
@@ -109,16 +109,16 @@ def prepare(
     w: Tensor,
     do: Tensor,
     dv: Tensor,
-    g: Optional[Tensor] = None,
-    gk: Optional[Tensor] = None,
-    h0: Optional[Tensor] = None,
-    dht: Optional[Tensor] = None,
-    scale: Optional[float] = None,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
     state_v_first: bool = False,
-    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens: Tensor | None = None,
     chunk_size: int = 64,
-    chunk_offsets: Optional[Tensor] = None,
-) -> Tuple[bool, str, PreparedCall]:
+    chunk_offsets: Tensor | None = None,
+) -> tuple[bool, str, PreparedCall]:
     """``plan`` that also returns the call: ``(ok, reason, PreparedCall)``. The kernel
     path of kda_dhu's entry points: one read and validation of the inputs per call.
     Raises as ``plan``."""
@@ -130,14 +130,14 @@ def run(
     w: Tensor,
     do: Tensor,
     dv: Tensor,
-    g: Optional[Tensor] = None,
-    gk: Optional[Tensor] = None,
-    h0: Optional[Tensor] = None,
-    dht: Optional[Tensor] = None,
-    scale: Optional[float] = None,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
     state_v_first: bool = False,
     chunk_size: int = 64,
-) -> Optional[Tuple[Tensor, Optional[Tensor], Tensor]]:
+) -> tuple[Tensor, Tensor | None, Tensor] | None:
     """The kernel path in one call, without cu_seqlens: read, validate and plan as
     ``prepare``; where the plan under ``rule`` is the verified sm_90a kernel, allocate
     (dh, dh0 or None, dv2) with torch on the inputs' device and launch on its current
@@ -155,17 +155,17 @@ def launch(
     w: Tensor,
     do: Tensor,
     dv: Tensor,
-    g: Optional[Tensor],
-    gk: Optional[Tensor],
-    h0: Optional[Tensor],
-    dht: Optional[Tensor],
-    scale: Optional[float],
+    g: Tensor | None,
+    gk: Tensor | None,
+    h0: Tensor | None,
+    dht: Tensor | None,
+    scale: float | None,
     state_v_first: bool,
-    cu_seqlens: Optional[Tensor],
+    cu_seqlens: Tensor | None,
     chunk_size: int,
-    chunk_offsets: Optional[Tensor],
+    chunk_offsets: Tensor | None,
     dh: Tensor,
-    dh0: Optional[Tensor],
+    dh0: Tensor | None,
     dv2: Tensor,
     stream: int,
 ) -> None:
@@ -188,7 +188,7 @@ def launch(
     extents), their addresses replaced per call. Does not synchronize.
     """
 
-def tma_cache_info() -> Dict[str, int]:
+def tma_cache_info() -> dict[str, int]:
     """The TMA descriptor cache: {"hits", "misses", "evictions", "size", "capacity"}.
     Keyed on (device ordinal, dtype, B, T, H, HV, K, V, NT); holds encoded descriptors
     and addresses only (no tensor); least recently used entry evicted at capacity."""
@@ -196,7 +196,7 @@ def tma_cache_info() -> Dict[str, int]:
 def tma_cache_clear() -> None:
     """Empty the TMA descriptor cache and zero its counters."""
 
-def cuda_status() -> Tuple[bool, str]:
+def cuda_status() -> tuple[bool, str]:
     """(usable, message): whether libcuda loads and initializes, its version and devices.
     Creates no context. Without a driver: (False, "no CUDA driver (libcuda) found")."""
 
@@ -208,5 +208,5 @@ def build_info() -> str:
     """How the extension was built: nvcc path and version, CUTLASS include path, nvcc
     flags, and ptxas's per-kernel line (registers, static smem, stack frame)."""
 
-def embedded_kernels() -> List[Tuple[str, str]]:
+def embedded_kernels() -> list[tuple[str, str]]:
     """The embedded cubins as (cuda/ file stem, SASS arch), e.g. ("dhu_sm90", "sm_90a")."""

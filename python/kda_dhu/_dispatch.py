@@ -15,7 +15,6 @@ import inspect
 import os
 import threading
 import warnings
-from typing import Optional, Tuple
 
 import torch
 
@@ -120,7 +119,7 @@ def _device_ctx(q):
 _warned_force = set()
 
 
-def _force() -> Optional[str]:
+def _force() -> str | None:
     raw = _read_force()
     if raw is None:
         return None
@@ -132,8 +131,9 @@ def _force() -> Optional[str]:
         # so it is also warned about, once per value.
         if value not in _warned_force:
             _warned_force.add(value)
-            warnings.warn(f"{FORCE_ENV}={value!r}: expected 'kernel', 'fla' or unset",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{FORCE_ENV}={value!r}: expected 'kernel', 'fla' or unset", RuntimeWarning, stacklevel=3
+            )
         raise ValueError(f"{FORCE_ENV}: expected 'kernel', 'fla' or unset, got {value!r}")
     return value
 
@@ -149,7 +149,7 @@ def _fast_path() -> bool:
     return raw is None or raw.strip().lower() in _FORCE_UNSET
 
 
-def _default_scale(q, scale: Optional[float]) -> Optional[float]:
+def _default_scale(q, scale: float | None) -> float | None:
     """K ** -0.5 when scale is None; left None for a q the validator will reject by name."""
     if scale is None:
         try:
@@ -159,8 +159,9 @@ def _default_scale(q, scale: Optional[float]) -> Optional[float]:
     return scale
 
 
-def _prepare(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
-             cu_seqlens, chunk_size, chunk_offsets) -> Tuple[bool, str, object]:
+def _prepare(
+    rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
+) -> tuple[bool, str, object]:
     """(use_kernel, reason, prepared call or None). Raises on input that is invalid for
     fla and kernel alike.
 
@@ -171,11 +172,13 @@ def _prepare(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
         raise ImportError(f"kda_dhu's compiled extension (kda_dhu._core) is not built: {_core_error}")
     force = _force()
     if force == "fla":
-        _core.validate(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens,
-                       chunk_size, chunk_offsets)
+        _core.validate(
+            q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
+        )
         return False, f"{FORCE_ENV}=fla", None
-    ok, reason, call = _core.prepare(rule, q, k, w, do, dv, g, gk, h0, dht, scale,
-                                     state_v_first, cu_seqlens, chunk_size, chunk_offsets)
+    ok, reason, call = _core.prepare(
+        rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
+    )
     if force == "kernel" and not ok:
         ok, reason = call.replan("capable")
         if not ok:
@@ -183,11 +186,13 @@ def _prepare(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
     return ok, reason, call
 
 
-def _decide(rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
-            cu_seqlens, chunk_size, chunk_offsets) -> Tuple[bool, str]:
+def _decide(
+    rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
+) -> tuple[bool, str]:
     """(use_kernel, reason). Raises on input that is invalid for fla and kernel alike."""
-    ok, reason, _ = _prepare(rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
-                             cu_seqlens, chunk_size, chunk_offsets)
+    ok, reason, _ = _prepare(
+        rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
+    )
     return ok, reason
 
 
@@ -196,8 +201,13 @@ def _index64(t):
     int64: fla takes either (its context-parallel path builds int32 cu_seqlens). Only a
     plain 1-D contiguous tensor is widened; anything else (a view the validator refuses,
     an expanded giant) is returned as it is, for the validator to judge by name."""
-    if (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1
-            and t.is_contiguous() and not t.is_neg()):
+    if (
+        isinstance(t, torch.Tensor)
+        and t.dtype == torch.int32
+        and t.dim() == 1
+        and t.is_contiguous()
+        and not t.is_neg()
+    ):
         return t.to(torch.int64)
     return t
 
@@ -215,7 +225,8 @@ def _varlen_chunks(cu_seqlens: torch.Tensor, T: int):
         if lens_host[i + 1] < lens_host[i]:
             raise ValueError(
                 f"cu_seqlens: expected non-decreasing offsets, got cu_seqlens[{i}] = "
-                f"{lens_host[i]} > cu_seqlens[{i + 1}] = {lens_host[i + 1]}")
+                f"{lens_host[i]} > cu_seqlens[{i + 1}] = {lens_host[i + 1]}"
+            )
     if lens_host[-1] > T:
         raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] <= T = {T}, got {lens_host[-1]}")
     chunks = [(lens_host[i + 1] - lens_host[i] + BT - 1) // BT for i in range(len(lens_host) - 1)]
@@ -268,8 +279,25 @@ def _current_stream(q) -> int:
     return torch.cuda.current_stream(q.device).cuda_stream
 
 
-def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indices,
-                chunk_offsets, use_graph, poison=False, call=None, state_v_first=False):
+def _run_kernel(
+    q,
+    k,
+    w,
+    do,
+    dv,
+    g,
+    gk,
+    h0,
+    dht,
+    scale,
+    cu_seqlens,
+    chunk_indices,
+    chunk_offsets,
+    use_graph,
+    poison=False,
+    call=None,
+    state_v_first=False,
+):
     """Allocates the outputs and launches the kernel; None where fla's function must run.
 
     ``call``: the ``_core.PreparedCall`` of these arguments (from ``_prepare``), which
@@ -291,8 +319,9 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
     dh_shape = (B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V)
     if use_graph:
         dh = _alloc(dh_shape, q.dtype, q.device, use_graph, "dhu_dh")
-        dh0 = (_alloc(tuple(h0.shape), torch.float32, q.device, use_graph, "dhu_dh0")
-               if h0 is not None else None)
+        dh0 = (
+            _alloc(tuple(h0.shape), torch.float32, q.device, use_graph, "dhu_dh0") if h0 is not None else None
+        )
         dv2 = _alloc(tuple(dv.shape), dv.dtype, q.device, use_graph, "dhu_dv2")
     else:
         dh = _empty(q, dh_shape, q.dtype)
@@ -306,28 +335,65 @@ def _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu_seqlens, chunk_indice
     if call is not None:
         call.launch(dh, dh0, dv2, chunk_offsets, stream)
     else:
-        _core.launch(q, k, w, do, dv, g, gk, h0, dht, float(scale), state_v_first, cu_seqlens, BT,
-                     chunk_offsets, dh, dh0, dv2, stream)
+        _core.launch(
+            q,
+            k,
+            w,
+            do,
+            dv,
+            g,
+            gk,
+            h0,
+            dht,
+            float(scale),
+            state_v_first,
+            cu_seqlens,
+            BT,
+            chunk_offsets,
+            dh,
+            dh0,
+            dv2,
+            stream,
+        )
     return dh, dh0, dv2
 
 
-def _graph_clause(cu_seqlens, use_graph) -> Optional[str]:
+def _graph_clause(cu_seqlens, use_graph) -> str | None:
     """The one clause the Python side adds to the plan (it alone knows use_graph and
     whether a CUDA graph is being captured)."""
     if cu_seqlens is None:
         return None
     if use_graph:
-        return ("use_graph with cu_seqlens: the kernel path reads cu_seqlens on the host, "
-                "which a CUDA graph cannot capture")
+        return (
+            "use_graph with cu_seqlens: the kernel path reads cu_seqlens on the host, "
+            "which a CUDA graph cannot capture"
+        )
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return ("cu_seqlens during CUDA-graph capture: the kernel path reads cu_seqlens on "
-                "the host, which a graph cannot capture")
+        return (
+            "cu_seqlens during CUDA-graph capture: the kernel path reads cu_seqlens on "
+            "the host, which a graph cannot capture"
+        )
     return None
 
 
-def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
-              state_v_first=False, cu_seqlens=None, chunk_size=64, chunk_indices=None,
-              chunk_offsets=None, use_graph=False) -> Tuple[bool, Optional[str]]:
+def plan_call(
+    q,
+    k,
+    w,
+    do,
+    dv,
+    g=None,
+    gk=None,
+    h0=None,
+    dht=None,
+    scale=None,
+    state_v_first=False,
+    cu_seqlens=None,
+    chunk_size=64,
+    chunk_indices=None,
+    chunk_offsets=None,
+    use_graph=False,
+) -> tuple[bool, str | None]:
     """The planner's verdict on a call of ``chunk_gated_delta_rule_bwd_dhu``; no side effects.
 
     Returns ``(True, "kernel-sm90a")`` when kda-dhu's kernel runs the call, else
@@ -337,9 +403,23 @@ def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
     """
     try:
         with _device_ctx(q):
-            ok, reason = _decide("extended", q, k, w, do, dv, g, gk, h0, dht,
-                                 _default_scale(q, scale), state_v_first, _index64(cu_seqlens),
-                                 chunk_size, _index64(chunk_offsets))
+            ok, reason = _decide(
+                "extended",
+                q,
+                k,
+                w,
+                do,
+                dv,
+                g,
+                gk,
+                h0,
+                dht,
+                _default_scale(q, scale),
+                state_v_first,
+                _index64(cu_seqlens),
+                chunk_size,
+                _index64(chunk_offsets),
+            )
     except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
         return False, f"{type(err).__name__}: {err}"
     graph = _graph_clause(cu_seqlens, use_graph)
@@ -352,18 +432,18 @@ def chunk_gated_delta_rule_bwd_dhu(
     w: torch.Tensor,
     do: torch.Tensor,
     dv: torch.Tensor,
-    g: Optional[torch.Tensor] = None,
-    gk: Optional[torch.Tensor] = None,
-    h0: Optional[torch.Tensor] = None,
-    dht: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    h0: torch.Tensor | None = None,
+    dht: torch.Tensor | None = None,
+    scale: float | None = None,
     state_v_first: bool = False,
-    cu_seqlens: Optional[torch.LongTensor] = None,
+    cu_seqlens: torch.LongTensor | None = None,
     chunk_size: int = 64,
-    chunk_indices: Optional[torch.LongTensor] = None,
-    chunk_offsets: Optional[torch.LongTensor] = None,
+    chunk_indices: torch.LongTensor | None = None,
+    chunk_offsets: torch.LongTensor | None = None,
     use_graph: bool = False,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Stage 4 of the chunked gated delta rule backward: fla's signature, kda-dhu's kernel.
 
     The reverse state scan of ``fla.ops.common.chunk_delta_h.chunk_gated_delta_rule_bwd_dhu``
@@ -414,21 +494,52 @@ def chunk_gated_delta_rule_bwd_dhu(
 
     def run_fla():
         return fla_function()(
-            q=q, k=k, w=w, do=do, dv=dv, g=g, gk=gk, h0=h0, dht=dht, scale=scale,
-            state_v_first=state_v_first, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-            chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, use_graph=use_graph)
+            q=q,
+            k=k,
+            w=w,
+            do=do,
+            dv=dv,
+            g=g,
+            gk=gk,
+            h0=h0,
+            dht=dht,
+            scale=scale,
+            state_v_first=state_v_first,
+            cu_seqlens=cu_seqlens,
+            chunk_size=chunk_size,
+            chunk_indices=chunk_indices,
+            chunk_offsets=chunk_offsets,
+            use_graph=use_graph,
+        )
 
     with _device_ctx(q):
         # int32 cu_seqlens / chunk_offsets (fla accepts them) reach the kernel as int64;
         # fla's function, if it runs, gets the caller's tensors.
         cu64, offsets64 = _index64(cu_seqlens), _index64(chunk_offsets)
-        use_kernel, reason, call = _prepare("extended", q, k, w, do, dv, g, gk, h0, dht, scale,
-                                            state_v_first, cu64, chunk_size, offsets64)
+        use_kernel, reason, call = _prepare(
+            "extended", q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu64, chunk_size, offsets64
+        )
         if use_kernel and not _graph_clause(cu_seqlens, use_graph):
+
             def run_kernel():
-                out = _run_kernel(q, k, w, do, dv, g, gk, h0, dht, scale, cu64,
-                                  chunk_indices, offsets64, use_graph, call=call,
-                                  state_v_first=state_v_first)
+                out = _run_kernel(
+                    q,
+                    k,
+                    w,
+                    do,
+                    dv,
+                    g,
+                    gk,
+                    h0,
+                    dht,
+                    scale,
+                    cu64,
+                    chunk_indices,
+                    offsets64,
+                    use_graph,
+                    call=call,
+                    state_v_first=state_v_first,
+                )
                 return run_fla() if out is None else out
 
             def signature():
@@ -460,16 +571,20 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
             return out
 
     def run_fla():
-        return fla_function()(q=qg, k=kg, w=w, gk=g2, h0=h0, dht=dht, do=do, dv=dv,
-                              scale=scale, chunk_size=chunk_size)
+        return fla_function()(
+            q=qg, k=kg, w=w, gk=g2, h0=h0, dht=dht, do=do, dv=dv, scale=scale, chunk_size=chunk_size
+        )
 
     with _device_ctx(qg):
-        use_kernel, reason, call = _prepare("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale,
-                                            False, None, chunk_size, None)
+        use_kernel, reason, call = _prepare(
+            "b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None
+        )
         if use_kernel:
+
             def run_kernel():
-                return _run_kernel(qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None,
-                                   False, call=call)
+                return _run_kernel(
+                    qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None, False, call=call
+                )
 
             def signature():
                 return signature_of(qg, kg, w, do, dv, g2, h0, dht, entry="b2a")
@@ -478,9 +593,7 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
     return run_fla()
 
 
-def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> Tuple[bool, str]:
+def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> tuple[bool, str]:
     """The seed dispatcher's verdict for a ``kda_dhu_b2a`` call: (use_kernel, reason)."""
     with _device_ctx(qg):
-        return _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None,
-                       chunk_size, None)
-
+        return _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None)

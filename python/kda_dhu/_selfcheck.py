@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Callable, Hashable, Optional, Sequence, Tuple
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -26,8 +26,9 @@ TRUST_ENV = "KDA_DHU_SM100_TRUSTED"
 TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3, torch.float32: 2e-3}
 
 
-def compare_outputs(ours: Sequence[Optional[torch.Tensor]], theirs: Sequence[Optional[torch.Tensor]],
-                    names=("dh", "dh0", "dv2")) -> Tuple[bool, str]:
+def compare_outputs(
+    ours: Sequence[torch.Tensor | None], theirs: Sequence[torch.Tensor | None], names=("dh", "dh0", "dv2")
+) -> tuple[bool, str]:
     """(match, detail): every output finite and within TOLERANCE of fla's, relative L2."""
     details = []
     ok = True
@@ -42,14 +43,14 @@ def compare_outputs(ours: Sequence[Optional[torch.Tensor]], theirs: Sequence[Opt
         af, bf = a.reshape(-1), b.reshape(-1)
         step = 1 << 24  # float64 slices: bounded extra memory on outputs of 2^32 elements
         for i in range(0, af.numel(), step):
-            x, y = af[i:i + step].double(), bf[i:i + step].double()
+            x, y = af[i : i + step].double(), bf[i : i + step].double()
             finite = finite and bool(torch.isfinite(x).all())
             num2 += float(((x - y) ** 2).sum())
-            den2 += float((y ** 2).sum())
+            den2 += float((y**2).sum())
         if not finite:
             return False, f"{name}: non-finite values"
-        den = den2 ** 0.5
-        err = num2 ** 0.5 / (den if den > 0 else 1.0)
+        den = den2**0.5
+        err = num2**0.5 / (den if den > 0 else 1.0)
         tol = TOLERANCE.get(b.dtype, 2e-3)
         details.append(f"{name} {err:.2e} (tol {tol:.0e})")
         ok = ok and err <= tol
@@ -63,7 +64,7 @@ class SelfCheck:
         self.label = label
         self.trust_env = trust_env
         self.checked: set = set()
-        self.disabled_reason: Optional[str] = None
+        self.disabled_reason: str | None = None
         self._lock = threading.Lock()
 
     def trusted(self) -> bool:
@@ -106,7 +107,9 @@ class SelfCheck:
             f"kda_dhu: the {self.label} kernel {what} its first call of {signature} ({detail}); "
             f"it is switched off for this process and fla's results are used. Please report "
             f"this. ({self.trust_env}=1 skips this check.)",
-            RuntimeWarning, stacklevel=4)
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def signature_of(*tensors, **flags) -> tuple:

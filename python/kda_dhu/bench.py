@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -55,8 +56,7 @@ def varlen_lengths(T: int, n: int, seed: int = 0) -> list:
     return lens.tolist()
 
 
-def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", seed=0,
-                state_v_first=False):
+def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", seed=0, state_v_first=False):
     """Random inputs in fla's keyword form for one call (fresh data per seed)."""
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -66,10 +66,15 @@ def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", see
     N = B if lengths is None else len(lengths)
     state = (N, HV, V, K) if state_v_first else (N, HV, K, V)
     args = dict(
-        q=randn(B, T, H, K, s=K ** -0.5), k=randn(B, T, H, K, s=K ** -0.5),
-        w=randn(B, T, HV, K, s=K ** -0.5), do=randn(B, T, HV, V), dv=randn(B, T, HV, V),
+        q=randn(B, T, H, K, s=K**-0.5),
+        k=randn(B, T, H, K, s=K**-0.5),
+        w=randn(B, T, HV, K, s=K**-0.5),
+        do=randn(B, T, HV, V),
+        dv=randn(B, T, HV, V),
         h0=torch.zeros(*state, device=device, dtype=torch.float32),
-        dht=randn(*state, dt=torch.float32), scale=K ** -0.5, chunk_size=BT,
+        dht=randn(*state, dt=torch.float32),
+        scale=K**-0.5,
+        chunk_size=BT,
     )
     if state_v_first:
         args["state_v_first"] = True
@@ -85,7 +90,7 @@ def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", see
         else:
             parts, start = [], 0
             for L in lengths:
-                seg = step[:, start:start + L]
+                seg = step[:, start : start + L]
                 nt = (L + BT - 1) // BT
                 pad = nt * BT - L
                 s2 = torch.nn.functional.pad(seg.movedim(1, -1), (0, pad)).movedim(-1, 1)
@@ -107,21 +112,33 @@ def row_inputs(row, seed=0, device="cuda") -> tuple:
     state_v_first for the rows of STATE_V_FIRST."""
     name, B, T, H, HV, K, V, gate, varlen = row
     lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
-    a = make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, lengths, device=device, seed=seed,
-                    state_v_first=name in STATE_V_FIRST)
+    a = make_inputs(
+        B,
+        T,
+        H,
+        HV,
+        K,
+        V,
+        torch.bfloat16,
+        gate,
+        lengths,
+        device=device,
+        seed=seed,
+        state_v_first=name in STATE_V_FIRST,
+    )
     return a, lengths
 
 
 def floor_bytes(B, T, H, HV, K, V, NT_total, N, elem=2, gate="gk") -> int:
     """Fewest bytes: every input read once, every output written once."""
-    b = (2 * B * T * H * K + B * T * HV * K) * elem          # q, k, w
-    b += 3 * B * T * HV * V * elem                          # do, dv, dv2
+    b = (2 * B * T * H * K + B * T * HV * K) * elem  # q, k, w
+    b += 3 * B * T * HV * V * elem  # do, dv, dv2
     if gate == "gk":
-        b += B * NT_total * HV * K * 4                      # gk's last rows
+        b += B * NT_total * HV * K * 4  # gk's last rows
     elif gate == "g":
         b += B * T * HV * 4
-    b += B * NT_total * HV * K * V * elem                   # dh
-    b += 2 * N * HV * K * V * 4                             # dht, dh0
+    b += B * NT_total * HV * K * V * elem  # dh
+    b += 2 * N * HV * K * V * 4  # dht, dh0
     return b
 
 
@@ -129,7 +146,7 @@ def copy_bandwidth(device="cuda", nbytes=4 << 30) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read + written."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), warmup=5, reps=20)
+    ms = time_ms(functools.partial(dst.copy_, src), warmup=5, reps=20)
     del src, dst
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
@@ -175,7 +192,7 @@ def time_interleaved(fn_a, fn_b, rounds=5, reps=10) -> tuple:
     for _ in range(rounds):
         a_times.append(_times_ms(fn_a, reps))
         b_times.append(_times_ms(fn_b, reps))
-    late = [t for ts in a_times[rounds // 2:] for t in ts]
+    late = [t for ts in a_times[rounds // 2 :] for t in ts]
     flat = lambda xs: [t for ts in xs for t in ts]  # noqa: E731
     return statistics.median(flat(a_times)), statistics.median(flat(b_times)), statistics.median(late)
 
@@ -203,8 +220,9 @@ def git_commit() -> str:
     if c:
         return c
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
+        return subprocess.check_output(
+            ["git", "rev-parse", "--short", "HEAD"], text=True, stderr=subprocess.DEVNULL
+        ).strip()
     except Exception:  # noqa: BLE001
         return "unknown"
 
@@ -257,8 +275,18 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     if entry == "b2a":
         if svf:
             raise ValueError(f"{name}: kda_dhu_b2a cannot express state_v_first")
-        b2a_args = (a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"],
-                    a["scale"], a["chunk_size"])
+        b2a_args = (
+            a["q"],
+            a["k"],
+            a["w"],
+            a["gk"],
+            a["h0"],
+            a["dht"],
+            a["do"],
+            a["dv"],
+            a["scale"],
+            a["chunk_size"],
+        )
         ok, reason = kda_dhu.plan_b2a(*b2a_args)
 
         def ours_fn():
@@ -266,8 +294,7 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     else:
         ok, reason = kda_dhu.plan_call(**a)
 
-        def ours_fn():
-            return kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
+        ours_fn = functools.partial(kda_dhu.chunk_gated_delta_rule_bwd_dhu, **a)
 
     ours = ours_fn()
     theirs = fla_fn(**a)
@@ -276,10 +303,11 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     NT_total = ours[0].shape[1]
     nbytes = floor_bytes(B, T, H, HV, K, V, NT_total, N, gate=gate)
 
-    ms_ours, ms_fla, ms_ours2 = time_interleaved(ours_fn, lambda: fla_fn(**a))
+    fla_call = functools.partial(fla_fn, **a)
+    ms_ours, ms_fla, ms_ours2 = time_interleaved(ours_fn, fla_call)
     # latency: each call issued to an idle GPU, host time included
     lat_ours = time_ms(ours_fn, reps=20, queue_ahead=False)
-    lat_fla = time_ms(lambda: fla_fn(**a), reps=20, queue_ahead=False)
+    lat_fla = time_ms(fla_call, reps=20, queue_ahead=False)
     floor_ms = nbytes / (bw * 1e9) * 1e3
 
     names = ("dh", "dh0", "dv2")
@@ -295,34 +323,57 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     del ours, theirs, ref, a
     torch.cuda.empty_cache()
     return {
-        "shape": name, "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "dtype": "bf16",
-        "gate": gate, "varlen": lengths is not None, "state_v_first": svf,
+        "shape": name,
+        "B": B,
+        "T": T,
+        "H": H,
+        "HV": HV,
+        "K": K,
+        "V": V,
+        "dtype": "bf16",
+        "gate": gate,
+        "varlen": lengths is not None,
+        "state_v_first": svf,
         "path": "kernel-sm90a" if ok else f"fla ({reason})",
-        "kda_dhu_ms": ms_ours, "kda_dhu_ms_repeat": ms_ours2, "fla_ms": ms_fla,
-        "kda_dhu_latency_ms": lat_ours, "fla_latency_ms": lat_fla,
-        "floor_ms": floor_ms, "min_bytes": nbytes,
-        "speedup_vs_fla": ms_fla / ms_ours, "over_floor": ms_ours / floor_ms,
+        "kda_dhu_ms": ms_ours,
+        "kda_dhu_ms_repeat": ms_ours2,
+        "fla_ms": ms_fla,
+        "kda_dhu_latency_ms": lat_ours,
+        "fla_latency_ms": lat_fla,
+        "floor_ms": floor_ms,
+        "min_bytes": nbytes,
+        "speedup_vs_fla": ms_fla / ms_ours,
+        "over_floor": ms_ours / floor_ms,
         "fla_over_floor": ms_fla / floor_ms,
         "GBs": nbytes / (ms_ours * 1e-3) / 1e9,
-        "entry": entry, "ref": ref_kind, "rel_err": err, "fla_rel_err": fla_err, "vs_fla": vs_fla,
+        "entry": entry,
+        "ref": ref_kind,
+        "rel_err": err,
+        "fla_rel_err": fla_err,
+        "vs_fla": vs_fla,
     }
 
 
 def markdown_table(record: dict) -> str:
     """The README's table, generated from a benchmark record (never typed by hand)."""
-    head = (f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, kda_dhu "
-            f"{record['kda_dhu_commit']}, {record['date']}; copy bandwidth "
-            f"{record['copy_bw_GBs']:.0f} GB/s\n\n")
-    lines = ["| shape | B | T | H | HV | K | V | kda-dhu ms | fla ms | vs fla | kda-dhu / floor "
-             "| fla / floor | err dh (fla) | path |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = (
+        f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, kda_dhu "
+        f"{record['kda_dhu_commit']}, {record['date']}; copy bandwidth "
+        f"{record['copy_bw_GBs']:.0f} GB/s\n\n"
+    )
+    lines = [
+        "| shape | B | T | H | HV | K | V | kda-dhu ms | fla ms | vs fla | kda-dhu / floor "
+        "| fla / floor | err dh (fla) | path |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in record["rows"]:
         fe = r.get("fla_rel_err") or {}
         lines.append(
             f"| {r['shape']} | {r['B']} | {r['T']} | {r['H']} | {r['HV']} | {r['K']} | {r['V']} "
             f"| {r['kda_dhu_ms']:.3f} | {r['fla_ms']:.3f} | {r['speedup_vs_fla']:.2f}x "
             f"| {r['over_floor']:.2f} | {r['fla_over_floor']:.2f} "
-            f"| {r['rel_err']['dh']:.1e} ({fe.get('dh', float('nan')):.1e}) | {r['path']} |")
+            f"| {r['rel_err']['dh']:.1e} ({fe.get('dh', float('nan')):.1e}) | {r['path']} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
@@ -341,13 +392,18 @@ def plot(record: dict, path: str) -> bool:
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(10, 4.2), dpi=110)
     ax.bar([i - 0.2 for i in x], [r["over_floor"] for r in rows], 0.4, label="kda-dhu")
-    ax.bar([i + 0.2 for i in x], [r["fla_over_floor"] for r in rows], 0.4, label=f"fla {record['fla_version']}")
+    ax.bar(
+        [i + 0.2 for i in x], [r["fla_over_floor"] for r in rows], 0.4, label=f"fla {record['fla_version']}"
+    )
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xticks(list(x))
     ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("time / bandwidth floor")
-    ax.set_title(f"chunk_gated_delta_rule_bwd_dhu on {record['gpu']} ({record['date']}, "
-                 f"kda_dhu {record['kda_dhu_commit']})", fontsize=9)
+    ax.set_title(
+        f"chunk_gated_delta_rule_bwd_dhu on {record['gpu']} ({record['date']}, "
+        f"kda_dhu {record['kda_dhu_commit']})",
+        fontsize=9,
+    )
     for i, r in enumerate(rows):
         ax.text(i - 0.2, r["over_floor"], f"{r['speedup_vs_fla']:.2f}x", ha="center", va="bottom", fontsize=7)
     ax.legend(fontsize=8)
@@ -376,10 +432,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="folder for <date>-<gpu>.json and latest.json")
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
     ap.add_argument("--cooldown", type=float, default=2.0, help="idle seconds before each row (default 2)")
-    ap.add_argument("--table", default="", metavar="JSON",
-                    help="print the markdown table of a recorded run and exit (no GPU needed)")
-    ap.add_argument("--plot", default="", metavar="PNG",
-                    help="with --table: also draw the record as a PNG (needs matplotlib)")
+    ap.add_argument(
+        "--table",
+        default="",
+        metavar="JSON",
+        help="print the markdown table of a recorded run and exit (no GPU needed)",
+    )
+    ap.add_argument(
+        "--plot",
+        default="",
+        metavar="PNG",
+        help="with --table: also draw the record as a PNG (needs matplotlib)",
+    )
     args = ap.parse_args(argv)
     if args.table:
         try:
@@ -396,6 +460,7 @@ def main(argv=None) -> int:
         print("kda_dhu.bench: no CUDA device; the benchmark needs a GPU.", file=sys.stderr)
         return 2
     import fla
+
     import kda_dhu
 
     rows = SHAPES if args.all else SHAPES[:1]
@@ -407,8 +472,11 @@ def main(argv=None) -> int:
         rows = [r for r in SHAPES if r[0] in want]
     bw = copy_bandwidth()
     gpu = torch.cuda.get_device_name()
-    print(f"{gpu}  torch {torch.__version__}  fla {fla.__version__}  kda_dhu {kda_dhu.__version__} "
-          f"({git_commit()})  copy bandwidth {bw:.0f} GB/s", flush=True)
+    print(
+        f"{gpu}  torch {torch.__version__}  fla {fla.__version__}  kda_dhu {kda_dhu.__version__} "
+        f"({git_commit()})  copy bandwidth {bw:.0f} GB/s",
+        flush=True,
+    )
     results = []
     partial = os.path.join(args.out, "partial.json") if args.out else ""
     if args.out:
@@ -428,16 +496,32 @@ def main(argv=None) -> int:
         results.append(r)
         if args.out:  # the rows so far, should the run be cut short (never latest.json)
             with open(partial, "w") as f:
-                json.dump({"gpu": gpu, "kda_dhu_commit": git_commit(), "copy_bw_GBs": bw,
-                           "complete": False, "rows": results}, f, indent=1)
-        print(f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
-              f"x{r['speedup_vs_fla']:.2f} vs fla  {r['over_floor']:.2f}x floor (fla {r['fla_over_floor']:.2f}x)  "
-              f"latency {r['kda_dhu_latency_ms']:.3f} / {r['fla_latency_ms']:.3f} ms  "
-              f"err[{r['ref']}] dh {r['rel_err']['dh']:.2e} dv2 {r['rel_err']['dv2']:.2e} "
-              f"dh0 {r['rel_err']['dh0']:.2e}  {r['path']}", flush=True)
+                json.dump(
+                    {
+                        "gpu": gpu,
+                        "kda_dhu_commit": git_commit(),
+                        "copy_bw_GBs": bw,
+                        "complete": False,
+                        "rows": results,
+                    },
+                    f,
+                    indent=1,
+                )
+        print(
+            f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
+            f"x{r['speedup_vs_fla']:.2f} vs fla  {r['over_floor']:.2f}x floor (fla {r['fla_over_floor']:.2f}x)  "
+            f"latency {r['kda_dhu_latency_ms']:.3f} / {r['fla_latency_ms']:.3f} ms  "
+            f"err[{r['ref']}] dh {r['rel_err']['dh']:.2e} dv2 {r['rel_err']['dv2']:.2e} "
+            f"dh0 {r['rel_err']['dh0']:.2e}  {r['path']}",
+            flush=True,
+        )
     record = {
-        "date": datetime.date.today().isoformat(), "gpu": gpu, "fla_version": fla.__version__,
-        "torch": torch.__version__, "kda_dhu_commit": git_commit(), "copy_bw_GBs": bw,
+        "date": datetime.date.today().isoformat(),
+        "gpu": gpu,
+        "fla_version": fla.__version__,
+        "torch": torch.__version__,
+        "kda_dhu_commit": git_commit(),
+        "copy_bw_GBs": bw,
         "rows": results,
     }
     if args.out:
@@ -445,8 +529,11 @@ def main(argv=None) -> int:
             os.remove(partial)
         write_record(record, args.out, markdown_table(record))
         plot(record, os.path.join(args.out, "latest.png"))
-    bad = [r["shape"] for r in results
-           if not all(math.isfinite(v) for v in r["rel_err"].values() if v is not None)]
+    bad = [
+        r["shape"]
+        for r in results
+        if not all(math.isfinite(v) for v in r["rel_err"].values() if v is not None)
+    ]
     return 1 if bad else 0
 
 

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 BACKEND_TYPE = "kda_dhu"
 ENV_VAR = "FLA_KDA_DHU"
-PRIORITY = 1          # fla's default is 5; lower runs first
+PRIORITY = 1  # fla's default is 5; lower runs first
 OPERATION = "common"
 NAME = "chunk_gated_delta_rule_bwd_dhu"
 
@@ -145,7 +145,9 @@ def register_backend() -> bool:
             return False
         if _backend_cls is None or not issubclass(_backend_cls, backends.BaseBackend):
             _backend_cls = _make_backend_class(backends.BaseBackend)
-        if registry is not None and isinstance(getattr(registry, "_backends", {}).get(BACKEND_TYPE), _backend_cls):
+        if registry is not None and isinstance(
+            getattr(registry, "_backends", {}).get(BACKEND_TYPE), _backend_cls
+        ):
             return True
         backends.register(OPERATION)(_backend_cls)
         logger.debug("kda_dhu: registered fla backend %r for %r", BACKEND_TYPE, OPERATION)

@@ -15,17 +15,28 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Optional, Tuple
 
 import torch
 
 BT = 64
 
-_TENSOR_ARGS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens", "chunk_indices",
-                "chunk_offsets")
+_TENSOR_ARGS = (
+    "q",
+    "k",
+    "w",
+    "do",
+    "dv",
+    "g",
+    "gk",
+    "h0",
+    "dht",
+    "cu_seqlens",
+    "chunk_indices",
+    "chunk_offsets",
+)
 
 
-def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
+def _op_scalars(scale, state_v_first, chunk_size) -> tuple[float, bool]:
     """The op's schema takes (float, bool, fixed 64): check what the eager function's
     validator checks, by name, before anything is converted. Returns (scale, state_v_first).
 
@@ -39,7 +50,10 @@ def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
         raise TypeError(f"chunk_size: expected an int, got {type(chunk_size).__name__}") from None
     if chunk_size != BT:
         raise ValueError(f"chunk_size: the custom op takes 64, got {chunk_size}")
-    numpy_bool = type(state_v_first).__module__ == "numpy" and type(state_v_first).__name__ in ("bool", "bool_")
+    numpy_bool = type(state_v_first).__module__ == "numpy" and type(state_v_first).__name__ in (
+        "bool",
+        "bool_",
+    )
     if not (isinstance(state_v_first, bool) or numpy_bool):
         raise TypeError(f"state_v_first: expected a bool, got {type(state_v_first).__name__}")
     # A Python float is the common case and the one torch.compile traces: dynamo may pass
@@ -50,8 +64,14 @@ def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
     else:
         kind = type(scale).__name__
         if isinstance(scale, (bool, complex, str, bytes, torch.Tensor)) or "complex" in kind:
-            raise TypeError(f"scale: expected a float or None, got {kind}"
-                            + (" (the custom op takes a Python or numpy float)" if isinstance(scale, torch.Tensor) else ""))
+            raise TypeError(
+                f"scale: expected a float or None, got {kind}"
+                + (
+                    " (the custom op takes a Python or numpy float)"
+                    if isinstance(scale, torch.Tensor)
+                    else ""
+                )
+            )
         try:
             value = float(scale)
         except OverflowError:
@@ -64,14 +84,34 @@ def _op_scalars(scale, state_v_first, chunk_size) -> Tuple[float, bool]:
 
 
 @torch.library.custom_op("kda_dhu::chunk_gated_delta_rule_bwd_dhu", mutates_args=())
-def _op(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, dv: torch.Tensor,
-        g: Optional[torch.Tensor], gk: Optional[torch.Tensor], h0: Optional[torch.Tensor],
-        dht: Optional[torch.Tensor], scale: float, state_v_first: bool,
-        cu_seqlens: Optional[torch.Tensor], chunk_indices: Optional[torch.Tensor],
-        chunk_offsets: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kw = dict(g=g, gk=gk, h0=h0, dht=dht, scale=scale, state_v_first=state_v_first,
-              cu_seqlens=cu_seqlens, chunk_size=BT, chunk_indices=chunk_indices,
-              chunk_offsets=chunk_offsets)
+def _op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    do: torch.Tensor,
+    dv: torch.Tensor,
+    g: torch.Tensor | None,
+    gk: torch.Tensor | None,
+    h0: torch.Tensor | None,
+    dht: torch.Tensor | None,
+    scale: float,
+    state_v_first: bool,
+    cu_seqlens: torch.Tensor | None,
+    chunk_indices: torch.Tensor | None,
+    chunk_offsets: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kw = dict(
+        g=g,
+        gk=gk,
+        h0=h0,
+        dht=dht,
+        scale=scale,
+        state_v_first=state_v_first,
+        cu_seqlens=cu_seqlens,
+        chunk_size=BT,
+        chunk_indices=chunk_indices,
+        chunk_offsets=chunk_offsets,
+    )
     if q.is_cuda:
         from ._dispatch import chunk_gated_delta_rule_bwd_dhu
 
@@ -81,8 +121,9 @@ def _op(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, dv:
         from .reference import chunk_gated_delta_rule_bwd_dhu_ref
 
         if _dispatch._core is not None:  # the same input checks as the CUDA path
-            _dispatch._core.validate(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first,
-                                     cu_seqlens, BT, chunk_offsets)
+            _dispatch._core.validate(
+                q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, BT, chunk_offsets
+            )
         if cu_seqlens is not None:
             # cu_seqlens' values checked as the CUDA path checks them; the chunk offsets
             # are these cu_seqlens' own (a caller's chunk_offsets is not trusted, as there)
@@ -98,8 +139,7 @@ def _op(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, dv:
 
 
 @_op.register_fake
-def _op_fake(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_indices,
-             chunk_offsets):
+def _op_fake(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_indices, chunk_offsets):
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     if cu_seqlens is None:
@@ -109,19 +149,29 @@ def _op_fake(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, 
     else:  # the chunk count of a packed batch depends on cu_seqlens' values
         NT = torch.library.get_ctx().new_dynamic_size()
     dh = q.new_empty((B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V))
-    dh0 = (q.new_empty(h0.shape, dtype=torch.float32) if h0 is not None
-           else q.new_empty(0, dtype=torch.float32))
+    dh0 = (
+        q.new_empty(h0.shape, dtype=torch.float32) if h0 is not None else q.new_empty(0, dtype=torch.float32)
+    )
     return dh, dh0, torch.empty_like(dv)
 
 
 def chunk_gated_delta_rule_bwd_dhu_op(
-    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, do: torch.Tensor, dv: torch.Tensor,
-    g: Optional[torch.Tensor] = None, gk: Optional[torch.Tensor] = None,
-    h0: Optional[torch.Tensor] = None, dht: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None, state_v_first: bool = False,
-    cu_seqlens: Optional[torch.Tensor] = None, chunk_size: int = 64,
-    chunk_indices: Optional[torch.Tensor] = None, chunk_offsets: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    do: torch.Tensor,
+    dv: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    h0: torch.Tensor | None = None,
+    dht: torch.Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: torch.Tensor | None = None,
+    chunk_offsets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``kda_dhu.chunk_gated_delta_rule_bwd_dhu`` through the custom op (torch.compile-able).
 
     Same arguments, shapes and results (dh, dh0 or None, dv2) as the eager function;
@@ -130,17 +180,33 @@ def chunk_gated_delta_rule_bwd_dhu_op(
     """
     from ._dispatch import _default_scale
 
-    args = dict(q=q, k=k, w=w, do=do, dv=dv, g=g, gk=gk, h0=h0, dht=dht, cu_seqlens=cu_seqlens,
-                chunk_indices=chunk_indices, chunk_offsets=chunk_offsets)
-    if any(args[n] is not None and not isinstance(args[n], torch.Tensor) for n in _TENSOR_ARGS) \
-            or not isinstance(q, torch.Tensor) or q.dim() != 4:
+    args = dict(
+        q=q,
+        k=k,
+        w=w,
+        do=do,
+        dv=dv,
+        g=g,
+        gk=gk,
+        h0=h0,
+        dht=dht,
+        cu_seqlens=cu_seqlens,
+        chunk_indices=chunk_indices,
+        chunk_offsets=chunk_offsets,
+    )
+    if (
+        any(args[n] is not None and not isinstance(args[n], torch.Tensor) for n in _TENSOR_ARGS)
+        or not isinstance(q, torch.Tensor)
+        or q.dim() != 4
+    ):
         # not tensors where the schema wants them: the eager function names the argument
         from ._dispatch import chunk_gated_delta_rule_bwd_dhu
 
-        return chunk_gated_delta_rule_bwd_dhu(**args, scale=scale, state_v_first=state_v_first,
-                                              chunk_size=chunk_size)
+        return chunk_gated_delta_rule_bwd_dhu(
+            **args, scale=scale, state_v_first=state_v_first, chunk_size=chunk_size
+        )
     scale, state_v_first = _op_scalars(_default_scale(q, scale), state_v_first, chunk_size)
     dh, dh0, dv2 = torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu(
-        q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_indices,
-        chunk_offsets)
+        q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_indices, chunk_offsets
+    )
     return dh, (dh0 if h0 is not None else None), dv2

@@ -98,8 +98,11 @@ def _import_known_users() -> None:
 
 
 def _fla_modules() -> list[ModuleType]:
-    return [m for n, m in list(sys.modules.items())
-            if (n == "fla" or n.startswith("fla.")) and isinstance(m, ModuleType)]
+    return [
+        m
+        for n, m in list(sys.modules.items())
+        if (n == "fla" or n.startswith("fla.")) and isinstance(m, ModuleType)
+    ]
 
 
 def patch() -> int:
@@ -145,8 +148,9 @@ def unpatch() -> int:
                 setattr(module, NAME, previous)
                 count += 1
             else:
-                logger.warning("kda_dhu.unpatch: %s.%s was rebound by someone else; left as is",
-                               module.__name__, NAME)
+                logger.warning(
+                    "kda_dhu.unpatch: %s.%s was rebound by someone else; left as is", module.__name__, NAME
+                )
         _records.clear()
         return count
 

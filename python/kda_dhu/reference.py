@@ -127,7 +127,9 @@ def chunk_gated_delta_rule_bwd_dhu_ref(
     if BT <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"q and k must be [B, T, H, K] of equal shape, got {tuple(q.shape)}, {tuple(k.shape)}")
+        raise ValueError(
+            f"q and k must be [B, T, H, K] of equal shape, got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
     B, T, H, K = q.shape
     if do.dim() != 4 or do.shape[:2] != (B, T):
         raise ValueError(f"do must be [B, T, HV, V], got {tuple(do.shape)}")
@@ -143,7 +145,7 @@ def chunk_gated_delta_rule_bwd_dhu_ref(
     if gk is not None and gk.shape != (B, T, HV, K):
         raise ValueError(f"gk must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(gk.shape)}")
     if scale is None:
-        scale = K ** -0.5
+        scale = K**-0.5
     scale = float(scale)
     device = q.device
     f64 = torch.float64
@@ -190,17 +192,19 @@ def chunk_gated_delta_rule_bwd_dhu_ref(
     L = NTmax * BT
     pos = torch.arange(L, device=device)
     lens = torch.tensor(seq_len, device=device, dtype=torch.long)
-    valid = pos[None, :] < lens[:, None]                                         # [N, L]
-    rows = (torch.tensor(seq_batch, device=device) * T + torch.tensor(seq_bos, device=device))[:, None] + pos[None, :]
-    rows = torch.where(valid, rows, torch.zeros_like(rows))                       # [N, L] into B*T
+    valid = pos[None, :] < lens[:, None]  # [N, L]
+    rows = (torch.tensor(seq_batch, device=device) * T + torch.tensor(seq_bos, device=device))[:, None] + pos[
+        None, :
+    ]
+    rows = torch.where(valid, rows, torch.zeros_like(rows))  # [N, L] into B*T
 
     def gather(x: torch.Tensor, expand_heads: bool = False) -> torch.Tensor:
         # x: [B, T, h, *] -> float64 [N, HV, L, *], zero outside the sequences.
-        xt = x.reshape(B * T, *x.shape[2:])[rows].to(f64)                         # [N, L, h, *]
+        xt = x.reshape(B * T, *x.shape[2:])[rows].to(f64)  # [N, L, h, *]
         mask = valid.reshape(N, L, *([1] * (xt.dim() - 2)))
         xt = torch.where(mask, xt, torch.zeros((), dtype=f64, device=device))
         if expand_heads and G > 1:
-            xt = xt.repeat_interleave(G, dim=2)                                   # head h <- h // G
+            xt = xt.repeat_interleave(G, dim=2)  # head h <- h // G
         return xt.movedim(2, 1).contiguous()
 
     qp = gather(q, expand_heads=True)
@@ -208,8 +212,8 @@ def chunk_gated_delta_rule_bwd_dhu_ref(
     wp = gather(w)
     dop = gather(do)
     dvp = gather(dv)
-    gp = gather(g) if g is not None else None                                     # [N, HV, L]
-    gkp = gather(gk) if gk is not None else None                                  # [N, HV, L, K]
+    gp = gather(g) if g is not None else None  # [N, HV, L]
+    gkp = gather(gk) if gk is not None else None  # [N, HV, L, K]
 
     if dht is None:
         b = torch.zeros(N, HV, K, V, dtype=f64, device=device)
@@ -227,19 +231,21 @@ def chunk_gated_delta_rule_bwd_dhu_ref(
 
     for c in range(NTmax - 1, -1, -1):
         s, e = c * BT, (c + 1) * BT
-        active = seq_nt_t > c                                                     # [N]
+        active = seq_nt_t > c  # [N]
         act_idx = active.nonzero().squeeze(1)
         dh[seq_batch_t[act_idx], offs_t[act_idx] + c] = b[act_idx]
         # last row of the chunk per sequence (clamped into the chunk for inactive ones)
-        last = (torch.minimum(lens, torch.full_like(lens, e)) - 1).clamp(min=s)     # [N]
-        vmask = valid[:, s:e]                                                     # [N, BT]
+        last = (torch.minimum(lens, torch.full_like(lens, e)) - 1).clamp(min=s)  # [N]
+        vmask = valid[:, s:e]  # [N, BT]
 
         kc, qc, wc = kp[:, :, s:e], qp[:, :, s:e], wp[:, :, s:e]
-        dvc = kc @ _round_to(b, k.dtype, emulate_rounding)                        # [N, HV, BT, V]
+        dvc = kc @ _round_to(b, k.dtype, emulate_rounding)  # [N, HV, BT, V]
         if gp is not None:
-            g_last = gp.gather(2, last.view(N, 1, 1).expand(N, HV, 1))            # [N, HV, 1]
+            g_last = gp.gather(2, last.view(N, 1, 1).expand(N, HV, 1))  # [N, HV, 1]
             gc = gp[:, :, s:e]
-            fac = torch.where(vmask[:, None, :], torch.exp2(g_last - gc), torch.zeros((), dtype=f64, device=device))
+            fac = torch.where(
+                vmask[:, None, :], torch.exp2(g_last - gc), torch.zeros((), dtype=f64, device=device)
+            )
             dvc = dvc * fac[..., None]
             qc = qc * torch.exp2(gc)[..., None]
         dvc = dvc + dvp[:, :, s:e]
@@ -249,10 +255,13 @@ def chunk_gated_delta_rule_bwd_dhu_ref(
         if gp is not None:
             bn = bn * torch.exp2(g_last)[..., None]
         if gkp is not None:
-            gk_last = gkp.gather(2, last.view(N, 1, 1, 1).expand(N, HV, 1, K))     # [N, HV, 1, K]
-            bn = bn * torch.exp2(gk_last).transpose(-1, -2)                       # per-K-row decay
-        bn = bn + scale * (qc.transpose(-1, -2) @ dop[:, :, s:e]) \
+            gk_last = gkp.gather(2, last.view(N, 1, 1, 1).expand(N, HV, 1, K))  # [N, HV, 1, K]
+            bn = bn * torch.exp2(gk_last).transpose(-1, -2)  # per-K-row decay
+        bn = (
+            bn
+            + scale * (qc.transpose(-1, -2) @ dop[:, :, s:e])
             - wc.transpose(-1, -2) @ _round_to(dvc, w.dtype, emulate_rounding)
+        )
         b = torch.where(active.view(N, 1, 1, 1), bn, b)
 
     dh0 = None

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 GATES = (None, "g", "gk")
 
 
-def _chunk_local_cumsum(x: torch.Tensor, lengths: list[int], starts: list[int], chunk_size: int) -> torch.Tensor:
+def _chunk_local_cumsum(
+    x: torch.Tensor, lengths: list[int], starts: list[int], chunk_size: int
+) -> torch.Tensor:
     """Cumulative sum of x [T, ...] along dim 0 restarting at every chunk of every sequence.
 
     Sequence i covers rows [starts[i], starts[i] + lengths[i]); its chunks start at its
@@ -120,10 +122,10 @@ def make_inputs(
     if cu is not None and T > cu[-1]:
         # padding rows of a padded packed batch: garbage nobody may read
         for x in (q, k, w, do, dv):
-            x[:, cu[-1]:] = 1e4 * randn(*x[:, cu[-1]:].shape)
+            x[:, cu[-1] :] = 1e4 * randn(*x[:, cu[-1] :].shape)
         for x in (g, gk):
             if x is not None:
-                x[:, cu[-1]:] = 50.0  # exp2(50) would blow up anything that reads it
+                x[:, cu[-1] :] = 50.0  # exp2(50) would blow up anything that reads it
 
     def to(x: torch.Tensor | None, dt: torch.dtype | None) -> torch.Tensor | None:
         if x is None:
@@ -131,17 +133,39 @@ def make_inputs(
         return x.to(device=device, dtype=dt if dt is not None else x.dtype)
 
     return dict(
-        q=to(q, dtype), k=to(k, dtype), w=to(w, dtype), do=to(do, dtype), dv=to(dv, dtype),
-        g=to(g, torch.float32), gk=to(gk, torch.float32),
-        h0=to(h0_t, torch.float32), dht=to(dht_t, torch.float32),
-        scale=K ** -0.5, state_v_first=state_v_first,
+        q=to(q, dtype),
+        k=to(k, dtype),
+        w=to(w, dtype),
+        do=to(do, dtype),
+        dv=to(dv, dtype),
+        g=to(g, torch.float32),
+        gk=to(gk, torch.float32),
+        h0=to(h0_t, torch.float32),
+        dht=to(dht_t, torch.float32),
+        scale=K**-0.5,
+        state_v_first=state_v_first,
         cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.long, device=device),
         chunk_size=chunk_size,
     )
 
 
-def naive_bwd_dhu(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None,
-                  state_v_first=False, cu_seqlens=None, chunk_size=64, round_dtype=None, **_):
+def naive_bwd_dhu(
+    q,
+    k,
+    w,
+    do,
+    dv,
+    g=None,
+    gk=None,
+    h0=None,
+    dht=None,
+    scale=None,
+    state_v_first=False,
+    cu_seqlens=None,
+    chunk_size=64,
+    round_dtype=None,
+    **_,
+):
     """Independent, deliberately plain implementation: loops over sequences, heads, chunks
     and tokens, one token's vectors at a time, in float64.
 
@@ -153,7 +177,7 @@ def naive_bwd_dhu(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=Non
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     BT = chunk_size
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     rnd = (lambda x: x.to(round_dtype).to(f)) if round_dtype is not None else (lambda x: x)
     if cu_seqlens is None:
         seqs = [(b, 0, T) for b in range(B)]
@@ -213,6 +237,7 @@ def naive_bwd_dhu(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=Non
 # Shared by benches/e2e.py and benches/cp_check.py: switch kda-dhu's fla backend per call
 # and count what the dispatcher did.
 
+
 def run_kernel(args: dict, poison: bool = False):
     """kda-dhu's kernel on a call's keyword arguments (``make_inputs``' dict), whatever the
     extended rule would choose: the planner's "capable" rule, on the inputs' device.
@@ -226,15 +251,43 @@ def run_kernel(args: dict, poison: bool = False):
     a = args
     with _dispatch._device_ctx(a["q"]):
         ok, reason, call = _dispatch._prepare(
-            "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"),
-            a.get("h0"), a.get("dht"), a["scale"], a.get("state_v_first", False),
-            a.get("cu_seqlens"), a.get("chunk_size", 64), None)
+            "capable",
+            a["q"],
+            a["k"],
+            a["w"],
+            a["do"],
+            a["dv"],
+            a.get("g"),
+            a.get("gk"),
+            a.get("h0"),
+            a.get("dht"),
+            a["scale"],
+            a.get("state_v_first", False),
+            a.get("cu_seqlens"),
+            a.get("chunk_size", 64),
+            None,
+        )
         if not ok:
             raise RuntimeError(f"the kernel cannot run this call: {reason}")
         return _dispatch._run_kernel(
-            a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"), a.get("h0"),
-            a.get("dht"), a["scale"], a.get("cu_seqlens"), None, None, False, poison=poison,
-            call=call, state_v_first=a.get("state_v_first", False))
+            a["q"],
+            a["k"],
+            a["w"],
+            a["do"],
+            a["dv"],
+            a.get("g"),
+            a.get("gk"),
+            a.get("h0"),
+            a.get("dht"),
+            a["scale"],
+            a.get("cu_seqlens"),
+            None,
+            None,
+            False,
+            poison=poison,
+            call=call,
+            state_v_first=a.get("state_v_first", False),
+        )
 
 
 from .fla_backend import ENV_VAR as BACKEND_ENV  # noqa: E402  (FLA_KDA_DHU, read by fla at every call)
@@ -285,12 +338,14 @@ class KernelProbe:
 
     def _wrappers(self) -> list:
         """(module, name, wrapper factory taking the original) triples to rebind."""
+
         def run_kernel(run):
             def wrapper(*args, **kwargs):
                 out = run(*args, **kwargs)
-                if out is not None:          # None: nothing launched, fla ran instead
+                if out is not None:  # None: nothing launched, fla ran instead
                     self.launches += 1
                 return out
+
             return wrapper
 
         def plan_call(plan):
@@ -298,6 +353,7 @@ class KernelProbe:
                 verdict = plan(*args, **kwargs)
                 self.verdicts.append(verdict)
                 return verdict
+
             return wrapper
 
         return [(self.dispatch, "_run_kernel", run_kernel), (self.dispatch, "plan_call", plan_call)]
