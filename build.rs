@@ -1,51 +1,102 @@
 //! Compiles the device code (cuda/*_sm90.cu for sm_90a, cuda/*_sm100.cu for sm_100a)
-//! to SASS cubins with nvcc, checks ptxas's resource report (a spill fails the build)
-//! and embeds the cubins and the report's summary in the extension.
+//! to SASS cubins, twice: with nvcc (CUDA 13: the images CUDA 13 drivers load) and with
+//! NVRTC 12 (the images CUDA 12 drivers load: a CUDA 13 cubin needs a 580+ driver, and
+//! PyPI has NVRTC 12.9 but no CUDA 12 nvcc). Checks ptxas's resource report of every
+//! image (a spill fails the build) and embeds the cubins and the reports' summary in the
+//! extension; src/launch.rs picks the image by the driver's version at load time.
 //!
 //! Generated in OUT_DIR:
-//!   <stem>.<arch>.cubin        one per source file (SASS only: no PTX, no JIT at load)
-//!   ptxas_<stem>_<arch>.txt    nvcc's full stderr (the `-Xptxas -v` report)
-//!   kernels.rs                 `EMBEDDED` (stem, arch, image) table + `BUILD_INFO`,
-//!                              pulled in by src/kernels.rs
+//!   <stem>.<arch>.cuda<M>.cubin      one per source file and CUDA major version M
+//!                                    (SASS only: no PTX, no JIT at load)
+//!   ptxas_<stem>_<arch>_cuda<M>.txt  the compiler's full diagnostics (the ptxas -v report)
+//!   kernels.rs                       `EMBEDDED` (stem, arch, cuda, image) table +
+//!                                    `BUILD_INFO`, pulled in by src/kernels.rs
 //!
 //! nvcc is found through NVCC, CUDA_HOME / CUDA_PATH, PATH, then the PyPI wheel
-//! `nvidia-cuda-nvcc` (13.0) of the Python maturin builds for (PYO3_PYTHON), an
-//! activated env, or the env maturin runs from (`python_candidates`). The CUTLASS/CuTe
-//! headers come from CUTLASS_DIR or the `nvidia-cutlass` wheel of the same Pythons.
+//! `nvidia-cuda-nvcc` (13.0) in the site-packages of the Python maturin builds for
+//! (PYO3_PYTHON), an activated env, or the env maturin runs from (`python_candidates`).
+//! When that nvcc is a CUDA 12 one its images are the CUDA 12 images and NVRTC is not
+//! used. NVRTC 12 (libnvrtc.so.12, with the CUDA 12 runtime and CCCL headers) comes from
+//! CUDA12_HOME (a CUDA 12.8+ toolkit) or the PyPI wheels `nvidia-cuda-nvrtc-cu12`,
+//! `nvidia-cuda-runtime-cu12`, `nvidia-cuda-cccl-cu12` of the same Pythons. The
+//! CUTLASS/CuTe headers come from CUTLASS_DIR or the `nvidia-cutlass` wheel.
 
 use std::env;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 // Shared with the crate's tests (src/lib.rs), which check it on real ptxas output.
 #[path = "src/ptxas.rs"]
 mod ptxas;
 use ptxas::{parse_ptxas, FuncReport};
 
+#[path = "build/nvrtc.rs"]
+mod nvrtc;
+
 const NVCC_HELP: &str = "install the CUDA 13.0 compiler wheels into the Python you build with \
 (`pip install nvidia-cuda-nvcc==13.0.* nvidia-cuda-crt==13.0.* nvidia-nvvm==13.0.* \
 nvidia-cuda-runtime==13.0.* nvidia-cuda-cccl==13.0.*`; `pip install .` does this by itself), \
 or set NVCC=/path/to/nvcc or CUDA_HOME=/path/to/cuda (with bin/nvcc)";
 
+const NVRTC_HELP: &str = "install the CUDA 12 NVRTC wheels into the Python you build with \
+(`pip install nvidia-cuda-nvrtc-cu12==12.9.* nvidia-cuda-runtime-cu12==12.9.* \
+nvidia-cuda-cccl-cu12==12.9.*`; `pip install .` does this by itself), or set CUDA12_HOME to a \
+CUDA 12.8+ toolkit (lib64/libnvrtc.so.12, include/)";
+
 const CUTLASS_HELP: &str = "install the CUTLASS headers wheel into the Python you build with \
 (`pip install nvidia-cutlass==4.2.0.0`; `pip install .` does this by itself), or set \
 CUTLASS_DIR to a CUTLASS checkout (its include/ is used)";
 
-/// Flags shared by every architecture (the arch-specific -gencode is added per job).
+/// nvcc's flags shared by every architecture (the arch-specific -gencode is added per job).
 const NVCC_FLAGS: &[&str] =
     &["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-v", "-lineinfo", "-DNDEBUG"];
 
-/// One source file to compile for one architecture.
-struct Job {
-    src: PathBuf,
+/// NVRTC's, the same build: NVRTC optimizes at -O3 by default and has no
+/// --expt-relaxed-constexpr; -default-device compiles the functions CuTe leaves
+/// unannotated (constexpr helpers and their lambdas) for the device, as that flag lets
+/// nvcc call them there. The architecture (--gpu-architecture=sm_90a) is added per job.
+const NVRTC_FLAGS: &[&str] = &["-std=c++17", "-default-device", "-lineinfo", "-DNDEBUG", "--ptxas-options=-v"];
+
+/// Headers that stand in for the C library's under NVRTC (which has none), in
+/// cuda/nvrtc/: `cuda.h` (the CUtensorMap type only) and `stdint.h` (CCCL's).
+const NVRTC_SHIM_DIR: &str = "nvrtc";
+
+/// The oldest NVRTC 12 that compiles sm_100a.
+const NVRTC12_MIN_MINOR: i32 = 8;
+
+/// One compiler, building the images of one CUDA major version.
+enum Compiler {
+    Nvcc(PathBuf),
+    Nvrtc { nvrtc: nvrtc::Nvrtc, include: Vec<PathBuf> },
+}
+
+struct Toolchain {
+    /// The CUDA major version of the compiler: names the image ("cuda13") and the
+    /// driver it needs.
+    cuda: u32,
+    /// For BUILD_INFO, e.g. "nvcc: /path/nvcc (release 13.0, V13.0.88)".
+    describe: String,
+    flags: String,
+    compiler: Compiler,
+}
+
+/// One source file of cuda/ and the SASS target it is compiled for.
+struct Source {
+    path: PathBuf,
     stem: String,
     /// SASS target, e.g. "sm_90a".
     arch: &'static str,
     /// nvcc -gencode value.
     gencode: &'static str,
+}
+
+/// One source compiled by one toolchain.
+struct Job {
+    source: usize,
+    toolchain: usize,
 }
 
 struct Compiled {
@@ -60,39 +111,51 @@ fn main() {
     let cuda_dir = manifest.join("cuda");
 
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build");
     // A directory: cargo rescans everything under it (new, edited, removed files).
     println!("cargo:rerun-if-changed={}", cuda_dir.display());
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "CUTLASS_DIR", "PYO3_PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX"] {
+    for var in
+        ["NVCC", "CUDA_HOME", "CUDA_PATH", "CUDA12_HOME", "CUTLASS_DIR", "PYO3_PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX"]
+    {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
-    let jobs = collect_jobs(&cuda_dir);
-    let nvcc = find_nvcc();
+    let sources = collect_sources(&cuda_dir);
     let cutlass_include = find_cutlass_include();
-    let nvcc_version = nvcc_version(&nvcc);
+    let toolchains = find_toolchains();
+    // The larger sm_90a file first, so that the longest jobs start together.
+    let mut jobs = Vec::new();
+    for source in (0..sources.len()).rev() {
+        for toolchain in 0..toolchains.len() {
+            jobs.push(Job { source, toolchain });
+        }
+    }
 
-    let compiled = compile_all(&jobs, &nvcc, &cuda_dir, &cutlass_include, &out_dir);
+    let compiled = compile_all(&jobs, &sources, &toolchains, &cuda_dir, &cutlass_include, &out_dir);
 
     // Spills fail the build; the summary goes to cargo:warning and into BUILD_INFO.
     let mut info = String::new();
-    let _ = writeln!(info, "nvcc: {} ({})", nvcc.display(), nvcc_version);
+    for tc in &toolchains {
+        let _ = writeln!(info, "cuda{}: {}", tc.cuda, tc.describe);
+        let _ = writeln!(info, "cuda{} flags: {}", tc.cuda, tc.flags);
+    }
     let _ = writeln!(info, "cutlass include: {}", cutlass_include.display());
-    let _ = writeln!(info, "flags: {}", NVCC_FLAGS.join(" "));
     let mut spills = Vec::new();
     for c in &compiled {
         let job = &jobs[c.job_index];
+        let (src, cuda) = (&sources[job.source], toolchains[job.toolchain].cuda);
         for f in &c.funcs {
             if f.spill_stores != 0 || f.spill_loads != 0 {
                 spills.push(format!(
-                    "{} ({}.cu, {}): {} bytes spill stores, {} bytes spill loads",
-                    f.name, job.stem, job.arch, f.spill_stores, f.spill_loads
+                    "{} ({}.cu, {}, cuda{cuda}): {} bytes spill stores, {} bytes spill loads",
+                    f.name, src.stem, src.arch, f.spill_stores, f.spill_loads
                 ));
             }
             if f.entry {
                 let line = format!(
-                    "{} {} {}: {} registers, {} bytes static smem, {} bytes stack frame",
-                    job.stem,
-                    job.arch,
+                    "{} {} cuda{cuda} {}: {} registers, {} bytes static smem, {} bytes stack frame",
+                    src.stem,
+                    src.arch,
                     f.name,
                     opt(f.registers),
                     f.smem.unwrap_or(0),
@@ -101,6 +164,14 @@ fn main() {
                 println!("cargo:warning={line}");
                 let _ = writeln!(info, "{line}");
             }
+        }
+        if !c.funcs.iter().any(|f| f.entry) {
+            panic!(
+                "no ptxas report for {}.cu ({}, cuda{cuda}): the build checks every image for spills (see {}/ptxas_*.txt)",
+                src.stem,
+                src.arch,
+                out_dir.display()
+            );
         }
     }
     if !spills.is_empty() {
@@ -111,7 +182,7 @@ fn main() {
         );
     }
 
-    write_embed_file(&jobs, &compiled, &info, &out_dir);
+    write_embed_file(&jobs, &sources, &toolchains, &compiled, &info, &out_dir);
 }
 
 fn opt(v: Option<u64>) -> String {
@@ -119,14 +190,14 @@ fn opt(v: Option<u64>) -> String {
 }
 
 /// cuda/*_sm90.cu → sm_90a, cuda/*_sm100.cu → sm_100a, in name order.
-fn collect_jobs(cuda_dir: &Path) -> Vec<Job> {
+fn collect_sources(cuda_dir: &Path) -> Vec<Source> {
     let mut names: Vec<String> = fs::read_dir(cuda_dir)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", cuda_dir.display()))
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
     names.sort();
-    let mut jobs = Vec::new();
+    let mut sources = Vec::new();
     for name in names {
         let Some(stem) = name.strip_suffix(".cu") else { continue };
         let (arch, gencode) = if stem.ends_with("_sm90") {
@@ -136,17 +207,17 @@ fn collect_jobs(cuda_dir: &Path) -> Vec<Job> {
         } else {
             continue;
         };
-        jobs.push(Job { src: cuda_dir.join(&name), stem: stem.to_string(), arch, gencode });
+        sources.push(Source { path: cuda_dir.join(&name), stem: stem.to_string(), arch, gencode });
     }
-    jobs
+    sources
 }
 
 fn env_path(var: &str) -> Option<PathBuf> {
     env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
-/// Pythons whose site-packages may hold the nvcc / CUTLASS wheels, in order: the one
-/// maturin builds for (PYO3_PYTHON; pip's isolated build env under `pip install .`),
+/// Pythons whose site-packages may hold the compiler / CUTLASS wheels, in order: the
+/// one maturin builds for (PYO3_PYTHON; pip's isolated build env under `pip install .`),
 /// an activated venv / conda env, the environment maturin itself runs from (a plain
 /// `/path/to/venv/bin/maturin build` picks the first python3 on PATH, not that venv),
 /// then python3.
@@ -210,34 +281,55 @@ fn ancestor_env_pythons() -> Vec<PathBuf> {
     Vec::new()
 }
 
-/// Runs `python -c code` and returns its stdout's lines, or None if it fails.
-fn python_lines(python: &Path, code: &str) -> Option<Vec<String>> {
-    let out = Command::new(python).arg("-c").arg(code).output().ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8(out.stdout).ok()?;
-    Some(text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
-}
-
-/// The first `<line>/<rel>` that `pick` accepts, over every candidate Python's output.
-fn from_python_wheels(code: &str, rel: &[&str], pick: impl Fn(&Path) -> bool) -> Option<PathBuf> {
-    for py in python_candidates() {
-        for line in python_lines(&py, code).unwrap_or_default() {
-            let mut p = PathBuf::from(line);
-            for part in rel {
-                p.push(part);
+/// Every candidate Python's sys.path entries, in candidate order (asked once). The
+/// wheels are found by path under these: a package's import name can be shadowed (the
+/// CUDA 12 wheels ship an `nvidia/__init__.py` that hides the CUDA 13 wheels' `nvidia`
+/// namespace in another site-packages of the same sys.path).
+fn site_dirs() -> &'static [PathBuf] {
+    static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for py in python_candidates() {
+            let Ok(out) = Command::new(&py).arg("-c").arg("import sys\nfor p in sys.path: print(p)").output() else {
+                continue;
+            };
+            if !out.status.success() {
+                continue;
             }
-            if pick(&p) {
-                return Some(p);
+            for line in String::from_utf8_lossy(&out.stdout).lines().map(str::trim).filter(|l| !l.is_empty()) {
+                let p = PathBuf::from(line);
+                if p.is_dir() && !dirs.contains(&p) {
+                    dirs.push(p);
+                }
             }
         }
-    }
-    None
+        dirs
+    })
+}
+
+/// The first `<site dir>/<rel>` that `pick` accepts.
+fn from_python_wheels(rel: &[&str], pick: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    site_dirs().iter().map(|d| rel.iter().fold(d.clone(), |p, part| p.join(part))).find(|p| pick(p))
 }
 
 fn pythons_tried() -> String {
     python_candidates().iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// nvcc, and NVRTC 12 unless that nvcc is a CUDA 12 one.
+fn find_toolchains() -> Vec<Toolchain> {
+    let nvcc = find_nvcc();
+    let (version, cuda) = nvcc_version(&nvcc);
+    let mut toolchains = vec![Toolchain {
+        cuda,
+        describe: format!("nvcc {} ({version})", nvcc.display()),
+        flags: NVCC_FLAGS.join(" "),
+        compiler: Compiler::Nvcc(nvcc),
+    }];
+    if cuda != 12 {
+        toolchains.push(find_nvrtc12());
+    }
+    toolchains
 }
 
 fn find_nvcc() -> PathBuf {
@@ -265,16 +357,65 @@ fn find_nvcc() -> PathBuf {
         }
     }
     // The PyPI wheel (nvidia-cuda-nvcc 13.x installs nvidia/cu13/bin/nvcc; its
-    // nvcc.profile points at the wheel's own include/ and nvvm/). `__path__` also
-    // covers a namespace package, which has no __file__.
-    let code = "import nvidia.cu13 as m\nfor p in m.__path__: print(p)";
-    if let Some(p) = from_python_wheels(code, &["bin", "nvcc"], |p| p.is_file()) {
+    // nvcc.profile points at the wheel's own include/ and nvvm/).
+    if let Some(p) = from_python_wheels(&["nvidia", "cu13", "bin", "nvcc"], |p| p.is_file()) {
         return p;
     }
     panic!(
-        "no nvcc found (looked at NVCC, CUDA_HOME, CUDA_PATH, PATH, and the nvidia.cu13 wheel of: {}); {NVCC_HELP}",
+        "no nvcc found (looked at NVCC, CUDA_HOME, CUDA_PATH, PATH, and the nvidia-cuda-nvcc wheel of: {}); {NVCC_HELP}",
         pythons_tried()
     );
+}
+
+/// NVRTC 12.8+ and the CUDA 12 headers it compiles against (runtime: cuda_fp16.h,
+/// cuda_bf16.h, ...; CCCL: cuda/std/...).
+fn find_nvrtc12() -> Toolchain {
+    let has_runtime = |p: &Path| p.join("cuda_fp16.h").is_file();
+    let has_cccl = |p: &Path| p.join("cuda").join("std").join("cstdint").is_file();
+    let (lib, include) = if let Some(home) = env_path("CUDA12_HOME") {
+        let lib = ["lib64", "lib"].iter().map(|d| home.join(d).join("libnvrtc.so.12")).find(|p| p.is_file());
+        let inc = home.join("include");
+        match lib {
+            Some(lib) if has_runtime(&inc) && has_cccl(&inc) => (lib, vec![inc]),
+            _ => panic!(
+                "CUDA12_HOME={} has no lib64/libnvrtc.so.12 or include/ with the CUDA 12 headers; {NVRTC_HELP}",
+                home.display()
+            ),
+        }
+    } else {
+        let lib = from_python_wheels(&["nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12"], |p| p.is_file());
+        let runtime = from_python_wheels(&["nvidia", "cuda_runtime", "include"], has_runtime);
+        let cccl = from_python_wheels(&["nvidia", "cuda_cccl", "include"], has_cccl);
+        match (lib, runtime, cccl) {
+            (Some(lib), Some(runtime), Some(cccl)) => (lib, vec![runtime, cccl]),
+            (lib, runtime, cccl) => {
+                let missing: Vec<&str> = [
+                    (lib.is_none(), "libnvrtc.so.12"),
+                    (runtime.is_none(), "the CUDA 12 runtime headers"),
+                    (cccl.is_none(), "the CUDA 12 CCCL headers"),
+                ]
+                .iter()
+                .filter(|(m, _)| *m)
+                .map(|(_, what)| *what)
+                .collect();
+                panic!(
+                    "the CUDA 12 images need NVRTC 12: {} not found (looked at CUDA12_HOME and the site-packages of: {}); {NVRTC_HELP}",
+                    missing.join(", "),
+                    pythons_tried()
+                );
+            }
+        }
+    };
+    let nvrtc = nvrtc::Nvrtc::load(&lib).unwrap_or_else(|e| panic!("{e}; {NVRTC_HELP}"));
+    let (major, minor) = nvrtc.version().unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
+    if major != 12 || minor < NVRTC12_MIN_MINOR {
+        panic!("{} is NVRTC {major}.{minor}; the CUDA 12 images need NVRTC 12.{NVRTC12_MIN_MINOR} or newer 12.x; {NVRTC_HELP}", lib.display());
+    }
+    let mut describe = format!("NVRTC {major}.{minor} {}, headers", lib.display());
+    for inc in &include {
+        let _ = write!(describe, " {}", inc.display());
+    }
+    Toolchain { cuda: 12, describe, flags: NVRTC_FLAGS.join(" "), compiler: Compiler::Nvrtc { nvrtc, include } }
 }
 
 fn find_cutlass_include() -> PathBuf {
@@ -286,31 +427,39 @@ fn find_cutlass_include() -> PathBuf {
         }
         panic!("CUTLASS_DIR={} has no include/cute/tensor.hpp; {CUTLASS_HELP}", dir.display());
     }
-    let code = "import cutlass_library, os\nprint(os.path.dirname(cutlass_library.__file__))";
-    if let Some(inc) = from_python_wheels(code, &["source", "include"], looks_right) {
+    if let Some(inc) = from_python_wheels(&["cutlass_library", "source", "include"], looks_right) {
         return inc;
     }
     panic!(
-        "no CUTLASS/CuTe headers found (looked at CUTLASS_DIR and the cutlass_library wheel of: {}); {CUTLASS_HELP}",
+        "no CUTLASS/CuTe headers found (looked at CUTLASS_DIR and the nvidia-cutlass wheel of: {}); {CUTLASS_HELP}",
         pythons_tried()
     );
 }
 
-fn nvcc_version(nvcc: &Path) -> String {
-    match Command::new(nvcc).arg("--version").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .rfind(|l| !l.trim().is_empty())
-            .unwrap_or("unknown version")
-            .trim()
-            .to_string(),
+/// nvcc's "release 13.0, V13.0.88" and its CUDA major version.
+fn nvcc_version(nvcc: &Path) -> (String, u32) {
+    let text = match Command::new(nvcc).arg("--version").output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
         Ok(out) => panic!("{} --version failed: {}; {NVCC_HELP}", nvcc.display(), String::from_utf8_lossy(&out.stderr)),
         Err(e) => panic!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()),
+    };
+    let release = text.split("release ").nth(1).map(|r| r.lines().next().unwrap_or("").trim().to_string());
+    let major = release.as_deref().and_then(|r| r.split('.').next()).and_then(|m| m.trim().parse().ok());
+    match (release, major) {
+        (Some(release), Some(major)) => (format!("release {release}"), major),
+        _ => panic!("cannot read the CUDA version from `{} --version`:\n{text}", nvcc.display()),
     }
 }
 
 /// Compiles every job, `available_parallelism` at a time (CuTe-heavy files take minutes).
-fn compile_all(jobs: &[Job], nvcc: &Path, cuda_dir: &Path, cutlass_include: &Path, out_dir: &Path) -> Vec<Compiled> {
+fn compile_all(
+    jobs: &[Job],
+    sources: &[Source],
+    toolchains: &[Toolchain],
+    cuda_dir: &Path,
+    cutlass_include: &Path,
+    out_dir: &Path,
+) -> Vec<Compiled> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(jobs.len().max(1));
     let next = Mutex::new(0usize);
     let results: Mutex<Vec<Result<Compiled, String>>> = Mutex::new(Vec::new());
@@ -326,7 +475,15 @@ fn compile_all(jobs: &[Job], nvcc: &Path, cuda_dir: &Path, cutlass_include: &Pat
                 if i >= jobs.len() {
                     break;
                 }
-                let r = compile_one(i, &jobs[i], nvcc, cuda_dir, cutlass_include, out_dir);
+                let job = &jobs[i];
+                let r = compile_one(
+                    i,
+                    &sources[job.source],
+                    &toolchains[job.toolchain],
+                    cuda_dir,
+                    cutlass_include,
+                    out_dir,
+                );
                 results.lock().unwrap().push(r);
             });
         }
@@ -348,44 +505,85 @@ fn compile_all(jobs: &[Job], nvcc: &Path, cuda_dir: &Path, cutlass_include: &Pat
 
 fn compile_one(
     index: usize,
-    job: &Job,
-    nvcc: &Path,
+    src: &Source,
+    tc: &Toolchain,
     cuda_dir: &Path,
     cutlass_include: &Path,
     out_dir: &Path,
 ) -> Result<Compiled, String> {
-    let cubin = out_dir.join(format!("{}.{}.cubin", job.stem, job.arch));
-    let report_path = out_dir.join(format!("ptxas_{}_{}.txt", job.stem, job.arch));
-    let mut cmd = Command::new(nvcc);
-    cmd.arg("-cubin").arg("-gencode").arg(job.gencode);
-    cmd.args(NVCC_FLAGS);
-    cmd.arg("-I").arg(cuda_dir).arg("-I").arg(cutlass_include);
-    cmd.arg("-o").arg(&cubin).arg(&job.src);
-    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()))?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let _ = fs::write(&report_path, format!("{cmd:?}\n\n{stdout}{stderr}"));
-    if !out.status.success() {
-        return Err(format!(
-            "nvcc failed on {} for {} ({}):\n{cmd:?}\n{stdout}{stderr}",
-            job.src.display(),
-            job.arch,
-            out.status
-        ));
-    }
-    Ok(Compiled { job_index: index, cubin, funcs: parse_ptxas(&stderr) })
+    let cubin = out_dir.join(format!("{}.{}.cuda{}.cubin", src.stem, src.arch, tc.cuda));
+    let report_path = out_dir.join(format!("ptxas_{}_{}_cuda{}.txt", src.stem, src.arch, tc.cuda));
+    let report = match &tc.compiler {
+        Compiler::Nvcc(nvcc) => {
+            let mut cmd = Command::new(nvcc);
+            cmd.arg("-cubin").arg("-gencode").arg(src.gencode);
+            cmd.args(NVCC_FLAGS);
+            cmd.arg("-I").arg(cuda_dir).arg("-I").arg(cutlass_include);
+            cmd.arg("-o").arg(&cubin).arg(&src.path);
+            let out = cmd.output().map_err(|e| format!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()))?;
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let _ = fs::write(&report_path, format!("{cmd:?}\n\n{stdout}{stderr}"));
+            if !out.status.success() {
+                return Err(format!(
+                    "nvcc failed on {} for {} ({}):\n{cmd:?}\n{stdout}{stderr}",
+                    src.path.display(),
+                    src.arch,
+                    out.status
+                ));
+            }
+            stderr
+        }
+        Compiler::Nvrtc { nvrtc, include } => {
+            let source =
+                fs::read_to_string(&src.path).map_err(|e| format!("cannot read {}: {e}", src.path.display()))?;
+            let mut options: Vec<String> = NVRTC_FLAGS.iter().map(|f| f.to_string()).collect();
+            options.push(format!("--gpu-architecture={}", src.arch));
+            // The shims first: they stand in for headers the real include paths also have.
+            for dir in [&cuda_dir.join(NVRTC_SHIM_DIR), &cuda_dir.to_path_buf(), &cutlass_include.to_path_buf()]
+                .into_iter()
+                .chain(include)
+            {
+                options.push(format!("-I{}", dir.display()));
+            }
+            let name = src.path.file_name().map_or("source.cu".into(), |n| n.to_string_lossy().into_owned());
+            let out = nvrtc.compile(&source, &name, &options).map_err(|e| format!("{}: {e}", src.path.display()))?;
+            let _ = fs::write(&report_path, format!("NVRTC {}\n\n{}", options.join(" "), out.log));
+            let Some(image) = out.cubin else {
+                return Err(format!(
+                    "NVRTC failed on {} for {}:\n{}\n{}",
+                    src.path.display(),
+                    src.arch,
+                    options.join(" "),
+                    out.log
+                ));
+            };
+            fs::write(&cubin, image).map_err(|e| format!("cannot write {}: {e}", cubin.display()))?;
+            out.log
+        }
+    };
+    Ok(Compiled { job_index: index, cubin, funcs: parse_ptxas(&report) })
 }
 
-fn write_embed_file(jobs: &[Job], compiled: &[Compiled], info: &str, out_dir: &Path) {
+fn write_embed_file(
+    jobs: &[Job],
+    sources: &[Source],
+    toolchains: &[Toolchain],
+    compiled: &[Compiled],
+    info: &str,
+    out_dir: &Path,
+) {
     let mut src = String::from("// Generated by build.rs: the embedded cubins and the build summary.\n");
     src.push_str("pub static EMBEDDED: &[EmbeddedCubin] = &[\n");
     for c in compiled {
         let job = &jobs[c.job_index];
+        let s = &sources[job.source];
         let _ = writeln!(
             src,
-            "    EmbeddedCubin {{ stem: {:?}, arch: {:?}, image: &Aligned(*include_bytes!({:?})) }},",
-            job.stem,
-            job.arch,
+            "    EmbeddedCubin {{ stem: {:?}, arch: {:?}, cuda: {}, image: &Aligned(*include_bytes!({:?})) }},",
+            s.stem,
+            s.arch,
+            toolchains[job.toolchain].cuda,
             c.cubin.display().to_string()
         );
     }

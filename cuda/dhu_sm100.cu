@@ -89,8 +89,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include <utility>
-
 #include <cute/tensor.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/copy_sm100.hpp>
@@ -177,13 +175,13 @@ __device__ __forceinline__ void tc_fence_after_sync() {
 // after the wait "redefine" every register, so no use of a loaded value can be
 // scheduled above the wait by the compiler (the ld's outputs are undefined until then).
 template <class Op, size_t... I>
-__device__ __forceinline__ void tmem_ld_impl(uint32_t taddr, uint32_t (&r)[32], std::index_sequence<I...>) {
+__device__ __forceinline__ void tmem_ld_impl(uint32_t taddr, uint32_t (&r)[32], cute::index_sequence<I...>) {
   Op::copy(taddr, r[I]...);
 }
 template <class Op>
 __device__ __forceinline__ void tmem_ld32(uint32_t taddr, uint32_t (&r)[32]) {
   static_assert(sizeof(typename Op::DRegisters) == 32 * sizeof(uint32_t), "a 32-register tcgen05.ld");
-  tmem_ld_impl<Op>(taddr, r, std::make_index_sequence<32>{});
+  tmem_ld_impl<Op>(taddr, r, cute::make_index_sequence<32>{});
 }
 __device__ __forceinline__ void tmem_wait_ld(uint32_t (&r)[32]) {
   asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory");

@@ -297,7 +297,7 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   using LayoutKt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BT>, Int<K>>{}));
   using LayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<K>, Int<BT>>{}, Step<_2, _1>{}));
   using LayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<BT>>{}));
-  using LayoutBh = std::conditional_t<
+  using LayoutBh = cute::conditional_t<
       SVF, decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BV>, Int<K>>{})),
       decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<K>>{}))>;
 

@@ -1,7 +1,8 @@
 //! The one error type of the host core. Every message names the argument and what was
 //! expected; `lib.rs` maps the kinds to Python exceptions in one place:
 //! TypeError for `NotTensor` / `Dtype` / `Type`, ValueError for `Shape` / `Layout` / `Value` /
-//! `Device` / `NotPlanned`, RuntimeError for `NoDriver` / `Cuda` / `Internal`.
+//! `Device` / `NotPlanned`, RuntimeError for `NoDriver` / `Cuda` / `Internal`, and
+//! `kda_dhu._core.KernelUnavailableError` (a RuntimeError) for `Unavailable`.
 
 use std::fmt;
 
@@ -27,6 +28,9 @@ pub enum Error {
     NoDriver,
     /// A driver call failed (RuntimeError). `what` says which call and on what.
     Cuda { what: String, code: String },
+    /// This driver or GPU cannot run the kernel image (KernelUnavailableError): not a bug,
+    /// the device's calls go to fla. `reason` names the driver and what is needed.
+    Unavailable { ordinal: i32, reason: String },
     /// A bug: a panic caught at the Python boundary, an impossible state (RuntimeError).
     Internal(String),
 }
@@ -38,7 +42,13 @@ pub enum PyKind {
     TypeError,
     ValueError,
     RuntimeError,
+    /// `kda_dhu._core.KernelUnavailableError`, a RuntimeError subclass.
+    Unavailable,
 }
+
+/// How every `Unavailable` message starts ("kernel unavailable on cuda:0: ..."): the
+/// planner's fallback reason for such a device, which the Python layer recognizes.
+pub const UNAVAILABLE_PREFIX: &str = "kernel unavailable on cuda:";
 
 impl Error {
     pub fn py_kind(&self) -> PyKind {
@@ -50,6 +60,7 @@ impl Error {
             | Error::Device { .. }
             | Error::NotPlanned(_) => PyKind::ValueError,
             Error::NoDriver | Error::Cuda { .. } | Error::Internal(_) => PyKind::RuntimeError,
+            Error::Unavailable { .. } => PyKind::Unavailable,
         }
     }
 
@@ -90,6 +101,7 @@ impl fmt::Display for Error {
             }
             Error::NoDriver => write!(f, "no CUDA driver (libcuda) found"),
             Error::Cuda { what, code } => write!(f, "{what} failed: {code}"),
+            Error::Unavailable { ordinal, reason } => write!(f, "{UNAVAILABLE_PREFIX}{ordinal}: {reason}"),
             Error::Internal(msg) => write!(f, "kda_dhu internal error: {msg}"),
         }
     }
@@ -115,6 +127,14 @@ mod tests {
         assert_eq!(Error::NotPlanned("x".into()).py_kind(), PyKind::ValueError);
         assert_eq!(Error::NoDriver.py_kind(), PyKind::RuntimeError);
         assert_eq!(Error::Cuda { what: "a".into(), code: "b".into() }.py_kind(), PyKind::RuntimeError);
+        assert_eq!(Error::Unavailable { ordinal: 0, reason: "x".into() }.py_kind(), PyKind::Unavailable);
+    }
+
+    #[test]
+    fn unavailable_messages_start_with_the_prefix_and_the_device() {
+        let e = Error::Unavailable { ordinal: 3, reason: "CUDA driver 12.2: ...".into() };
+        assert_eq!(e.to_string(), "kernel unavailable on cuda:3: CUDA driver 12.2: ...");
+        assert!(e.to_string().starts_with(UNAVAILABLE_PREFIX));
     }
 
     #[test]

@@ -8,17 +8,27 @@
 //! (`prepare`, which also plans it); launching the `Prepared` call then checks only
 //! what is new, the outputs (and the chunk_offsets the Python layer computed), patches
 //! the cached descriptors' addresses and calls cuLaunchKernel.
+//!
+//! A device whose driver or GPU cannot run the kernel image (an image too new for the
+//! driver, no kernel for the architecture, a missing entry point: `Error::Unavailable`)
+//! is found out once, when `prepare` first meets it, and from then on every plan on it
+//! is a fallback whose reason says why (`unavailable`); errors that mean a bug still
+//! raise.
 
 use crate::abi::DhuParams;
-use crate::driver::{check, require_driver};
+use crate::driver::{
+    check, error_name, means_unusable_image, missing_symbols, require_driver, BASIC_SYMBOLS, KERNEL_SYMBOLS,
+};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, MAX_SLOTS};
 use crate::tensor::TensorMeta;
 use crate::tma::{tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
-use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUfunction, CUfunction_attribute, CUmodule};
-use std::ffi::{c_void, CString};
+use cudarc::driver::sys::{
+    self, CUcontext, CUdevice, CUdevice_attribute, CUfunction, CUfunction_attribute, CUmodule, CUresult,
+};
+use std::ffi::{c_void, CStr, CString};
 use std::sync::OnceLock;
 
 /// Stages of the Hopper kernel's TMA ring: mirror of `num_stages<K, NWG>()` in
@@ -108,6 +118,178 @@ struct Kernels {
     funcs: [Handle<CUfunction>; MAX_SLOTS],
 }
 
+/// An image to load: its bytes (embedded, or a file read once and kept), how messages
+/// name it, and what it needs of the driver.
+struct Image {
+    bytes: &'static [u8],
+    label: String,
+    needs: String,
+}
+
+/// What the loader knows about the device it loads for.
+struct Target {
+    ordinal: i32,
+    info: DeviceInfo,
+    driver_version: i32,
+    max_smem_optin: i32,
+}
+
+impl Target {
+    /// `Error::Unavailable` for this device: the GPU and driver, what failed, what is needed.
+    fn unavailable(&self, what: impl std::fmt::Display, needs: &str) -> Error {
+        Error::Unavailable {
+            ordinal: self.ordinal,
+            reason: format!(
+                "{} with CUDA driver {}: {what}; {needs}",
+                self.info.sm_name(),
+                kernels::driver_version_name(self.driver_version)
+            ),
+        }
+    }
+}
+
+/// The driver calls that turn an image into the kernel table: a trait so that the tests
+/// drive `load_kernels` with simulated driver answers.
+trait ModuleApi {
+    fn load(&self, image: &[u8]) -> std::result::Result<CUmodule, CUresult>;
+    fn function(&self, module: CUmodule, name: &CStr) -> std::result::Result<CUfunction, CUresult>;
+    fn set_max_dynamic_smem(&self, f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult>;
+}
+
+/// The real driver (the device's context must be current).
+struct DriverModules;
+
+fn result<T>(res: CUresult, value: T) -> std::result::Result<T, CUresult> {
+    if res == CUresult::CUDA_SUCCESS {
+        Ok(value)
+    } else {
+        Err(res)
+    }
+}
+
+impl ModuleApi for DriverModules {
+    fn load(&self, image: &[u8]) -> std::result::Result<CUmodule, CUresult> {
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: the image is a complete, 128-byte aligned cubin kept for the process
+        // lifetime (or rejected by the driver).
+        let res = unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) };
+        result(res, module)
+    }
+
+    fn function(&self, module: CUmodule, name: &CStr) -> std::result::Result<CUfunction, CUresult> {
+        let mut f: CUfunction = std::ptr::null_mut();
+        // SAFETY: module was loaded by `load`; name outlives the call.
+        let res = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+        result(res, f)
+    }
+
+    fn set_max_dynamic_smem(&self, f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult> {
+        // SAFETY: f is a valid function handle.
+        let res = unsafe {
+            sys::cuFuncSetAttribute(f, CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
+        };
+        result(res, ())
+    }
+}
+
+/// Loads `image` for `arch` on `target` and looks its entry points up. A failure that
+/// means this driver or GPU cannot run the image (see `driver::means_unusable_image`, a
+/// missing entry point, more shared memory than the GPU has) is `Error::Unavailable`;
+/// any other is `Error::Cuda`.
+fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target) -> Result<Kernels> {
+    let ordinal = target.ordinal;
+    let module = api.load(image.bytes).map_err(|res| {
+        let what = format!("cuModuleLoadData({}) failed: {}", image.label, error_name(res));
+        if means_unusable_image(res) {
+            target.unavailable(what, &image.needs)
+        } else {
+            Error::Cuda { what: format!("cuModuleLoadData({}) on cuda:{ordinal}", image.label), code: error_name(res) }
+        }
+    })?;
+    let mut funcs = [Handle(std::ptr::null_mut()); MAX_SLOTS];
+    for (slot, cfg) in KernelConfig::all(arch).into_iter().enumerate() {
+        debug_assert_eq!(cfg.slot(), slot);
+        let name = cfg.entry_point(arch);
+        let cname = CString::new(name).expect("entry point names have no NUL");
+        let f = api.function(module, &cname).map_err(|res| {
+            if res == CUresult::CUDA_ERROR_NOT_FOUND {
+                target.unavailable(
+                    format!("{} has no entry point {name}", image.label),
+                    "an image built from this release's cuda/ sources",
+                )
+            } else {
+                Error::Cuda { what: format!("cuModuleGetFunction({name}) on cuda:{ordinal}"), code: error_name(res) }
+            }
+        })?;
+        let smem = smem_bytes(arch, cfg.k, cfg.nwg);
+        if smem as i64 > target.max_smem_optin as i64 {
+            return Err(target.unavailable(
+                format!(
+                    "{name} needs {smem} bytes of shared memory per block, this GPU allows {}",
+                    target.max_smem_optin
+                ),
+                "a GPU with 227 KB of shared memory per block (H100, H200, B200)",
+            ));
+        }
+        api.set_max_dynamic_smem(f, smem as i32).map_err(|res| Error::Cuda {
+            what: format!("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem}) on {name}"),
+            code: error_name(res),
+        })?;
+        funcs[slot] = Handle(f);
+    }
+    Ok(Kernels { _module: Handle(module), funcs })
+}
+
+/// The image `arch`'s kernels load from on a driver of `driver_version`:
+/// KDA_DHU_IMAGE_FILE's file, else the embedded image KDA_DHU_IMAGE selects (by
+/// default the newest this driver loads).
+fn image_for(arch: Arch, target: &Target) -> Result<Image> {
+    if let Some(path) = std::env::var_os(kernels::IMAGE_FILE_ENV).filter(|p| !p.is_empty()) {
+        let path = std::path::PathBuf::from(path);
+        let data = std::fs::read(&path).map_err(|e| {
+            Error::value(
+                kernels::IMAGE_FILE_ENV,
+                format!("expected a readable cubin file, got {}: {e}", path.display()),
+            )
+        })?;
+        return Ok(Image {
+            bytes: leak_aligned(&data),
+            label: format!("{}={}", kernels::IMAGE_FILE_ENV, path.display()),
+            needs: format!("a cubin for {} that this driver loads", arch.sass()),
+        });
+    }
+    let raw = std::env::var(kernels::IMAGE_ENV).ok();
+    let request = kernels::ImageRequest::parse(raw.as_deref()).map_err(|e| Error::value(kernels::IMAGE_ENV, e))?;
+    let c = kernels::select(kernels::EMBEDDED, arch.stem(), arch.sass(), target.driver_version, request)
+        .map_err(|why| target.unavailable(why, "kda-dhu falls back to fla on this device"))?;
+    let (v, branch) = kernels::min_driver(c.cuda, c.arch);
+    Ok(Image {
+        bytes: &c.image.0,
+        label: format!("{} {}, CUDA {} image", c.stem, c.arch, c.cuda),
+        needs: format!(
+            "that image needs a driver for CUDA {} or newer ({branch}+) and a GPU of compute capability {}.{}",
+            kernels::driver_version_name(v),
+            target.info.cc_major,
+            target.info.cc_minor
+        ),
+    })
+}
+
+/// `data` copied into 128-byte aligned memory kept for the process lifetime (a module
+/// load reads it in place; loaded once per device).
+fn leak_aligned(data: &[u8]) -> &'static [u8] {
+    #[derive(Clone, Copy)]
+    #[repr(C, align(128))]
+    struct Block([u8; 128]);
+    let mut blocks = vec![Block([0; 128]); data.len().div_ceil(128)];
+    // SAFETY: `blocks` is data.len() rounded up to 128 bytes of plain bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(blocks.as_mut_ptr() as *mut u8, blocks.len() * 128) };
+    bytes[..data.len()].copy_from_slice(data);
+    let leaked: &'static mut [Block] = Box::leak(blocks.into_boxed_slice());
+    // SAFETY: the leaked blocks live for the process; the first data.len() bytes are `data`.
+    unsafe { std::slice::from_raw_parts(leaked.as_ptr() as *const u8, data.len()) }
+}
+
 struct DeviceState {
     ordinal: i32,
     dev: CUdevice,
@@ -115,10 +297,16 @@ struct DeviceState {
     max_smem_optin: i32,
     ctx: OnceLock<Result<Handle<CUcontext>>>,
     kernels: OnceLock<Result<Kernels>>,
+    /// Set when a launch found the loaded image unusable (a driver that loads functions
+    /// lazily reports it there): the device's calls go to fla from then on.
+    lost: OnceLock<Error>,
 }
 
 struct Driver {
     version: i32,
+    /// Kernel-path entry points this driver lacks (driver::KERNEL_SYMBOLS): its devices
+    /// cannot run the kernels.
+    missing: Vec<&'static str>,
     devices: Vec<OnceLock<Result<DeviceState>>>,
 }
 
@@ -127,6 +315,14 @@ fn driver() -> Result<&'static Driver> {
     require_driver()?;
     DRIVER
         .get_or_init(|| {
+            // cudarc panics on a missing entry point: these are looked for first.
+            let basic = missing_symbols(BASIC_SYMBOLS);
+            if !basic.is_empty() {
+                return Err(Error::Cuda {
+                    what: "loading libcuda".into(),
+                    code: format!("it lacks {}", basic.join(", ")),
+                });
+            }
             // SAFETY: plain driver queries with out-pointers to locals.
             unsafe {
                 check(sys::cuInit(0), || "cuInit".into())?;
@@ -134,7 +330,11 @@ fn driver() -> Result<&'static Driver> {
                 check(sys::cuDeviceGetCount(&mut count), || "cuDeviceGetCount".into())?;
                 let mut version = 0;
                 check(sys::cuDriverGetVersion(&mut version), || "cuDriverGetVersion".into())?;
-                Ok(Driver { version, devices: (0..count.max(0)).map(|_| OnceLock::new()).collect() })
+                Ok(Driver {
+                    version,
+                    missing: missing_symbols(KERNEL_SYMBOLS),
+                    devices: (0..count.max(0)).map(|_| OnceLock::new()).collect(),
+                })
             }
         })
         .as_ref()
@@ -166,7 +366,15 @@ fn device(ordinal: i32) -> Result<&'static DeviceState> {
             sm_count: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal)?,
         };
         let max_smem_optin = attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, ordinal)?;
-        Ok(DeviceState { ordinal, dev, info, max_smem_optin, ctx: OnceLock::new(), kernels: OnceLock::new() })
+        Ok(DeviceState {
+            ordinal,
+            dev,
+            info,
+            max_smem_optin,
+            ctx: OnceLock::new(),
+            kernels: OnceLock::new(),
+            lost: OnceLock::new(),
+        })
     })
     .as_ref()
     .map_err(Clone::clone)
@@ -219,54 +427,78 @@ impl DeviceState {
             .map_err(Clone::clone)
     }
 
-    /// The module of `arch` and its four entry points, loaded once (the context must be
-    /// current).
-    fn kernels(&self, arch: Arch) -> Result<&Kernels> {
+    fn target(&self, driver_version: i32) -> Target {
+        Target { ordinal: self.ordinal, info: self.info, driver_version, max_smem_optin: self.max_smem_optin }
+    }
+
+    /// The module of `arch` and its entry points, loaded once (the context must be
+    /// current), or why this device cannot run them (`Error::Unavailable`, cached with
+    /// every other failure).
+    fn kernels(&self, drv: &Driver, arch: Arch) -> Result<&Kernels> {
+        if let Some(e) = self.lost.get() {
+            return Err(e.clone());
+        }
         self.kernels
             .get_or_init(|| {
-                let image = kernels::find(arch.stem(), arch.sass())
-                    .ok_or_else(|| Error::Internal(format!("no embedded cubin for {} {}", arch.stem(), arch.sass())))?;
-                let mut module: CUmodule = std::ptr::null_mut();
-                // SAFETY: the image is a complete, 128-byte aligned cubin embedded for
-                // the process lifetime.
-                check(unsafe { sys::cuModuleLoadData(&mut module, image.image.0.as_ptr() as *const c_void) }, || {
-                    format!("cuModuleLoadData({}.{}) on cuda:{}", arch.stem(), arch.sass(), self.ordinal)
-                })?;
-                let mut funcs = [Handle(std::ptr::null_mut()); MAX_SLOTS];
-                for (slot, cfg) in KernelConfig::all(arch).into_iter().enumerate() {
-                    debug_assert_eq!(cfg.slot(), slot);
-                    let k = cfg.k;
-                    let name = cfg.entry_point(arch);
-                    let cname = CString::new(name).expect("entry point names have no NUL");
-                    let mut f: CUfunction = std::ptr::null_mut();
-                    // SAFETY: module was loaded above; cname outlives the call.
-                    check(unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, || {
-                        format!("cuModuleGetFunction({name})")
-                    })?;
-                    let smem = smem_bytes(arch, k, cfg.nwg);
-                    if smem as i64 > self.max_smem_optin as i64 {
-                        return Err(Error::Internal(format!(
-                            "{name} needs {smem} bytes of shared memory, cuda:{} allows {}",
-                            self.ordinal, self.max_smem_optin
-                        )));
-                    }
-                    // SAFETY: f is a valid function handle.
-                    check(
-                        unsafe {
-                            sys::cuFuncSetAttribute(
-                                f,
-                                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                smem as i32,
-                            )
-                        },
-                        || format!("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem}) on {name}"),
-                    )?;
-                    funcs[slot] = Handle(f);
+                let target = self.target(drv.version);
+                if !drv.missing.is_empty() {
+                    return Err(target.unavailable(
+                        format_args!("the driver lacks {}", drv.missing.join(", ")),
+                        "kda-dhu needs a driver for CUDA 12.0 or newer (R525+)",
+                    ));
                 }
-                Ok(Kernels { _module: Handle(module), funcs })
+                let image = image_for(arch, &target)?;
+                load_kernels(&DriverModules, arch, &image, &target)
             })
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// Why this device cannot run the kernels (None: it can), loading them the first
+    /// time (in the device's primary context). Errors other than `Unavailable` propagate.
+    fn unavailable(&self, drv: &Driver) -> Result<Option<String>> {
+        let Some(arch) = Arch::from_cc(self.info.cc_major, self.info.cc_minor) else {
+            let target = self.target(drv.version);
+            return Ok(Some(
+                target
+                    .unavailable(
+                        "kda-dhu has no kernel for this GPU",
+                        "a GPU of compute capability 9.0 (H100, H200) or 10.0 (B200, GB200)",
+                    )
+                    .to_string(),
+            ));
+        };
+        let loaded = match (self.lost.get(), self.kernels.get()) {
+            (Some(e), _) => Err(e.clone()),
+            (None, Some(k)) => k.as_ref().map(|_| ()).map_err(Clone::clone),
+            (None, None) => {
+                let _scope = CtxScope::enter(self.context()?)?;
+                self.kernels(drv, arch).map(|_| ())
+            }
+        };
+        match loaded {
+            Ok(()) => Ok(None),
+            Err(e @ Error::Unavailable { .. }) => Ok(Some(e.to_string())),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Why CUDA device `ordinal` cannot run kda-dhu's kernels ("kernel unavailable on
+/// cuda:N: ...", naming the GPU, the driver and what is needed), or None when it can.
+/// The first call per device loads its kernel image (creating the primary context);
+/// the answer is kept for the process. Raises for other failures (no driver, a bad
+/// ordinal, a transient driver error).
+pub fn unavailable(ordinal: i32) -> Result<Option<String>> {
+    let drv = driver()?;
+    device(ordinal)?.unavailable(drv)
+}
+
+/// `plan` on a device that cannot run the kernels says so, whatever the call.
+fn on_device(p: Plan, unavailable: &Option<String>) -> Plan {
+    match unavailable {
+        Some(reason) => Plan::Fallback { reason: reason.clone() },
+        None => p,
     }
 }
 
@@ -291,7 +523,18 @@ pub fn cuda_status() -> (bool, String) {
     let v = drv.version;
     let ok = !parts.is_empty();
     let list = if ok { parts.join(", ") } else { "no devices".to_string() };
-    (ok, format!("CUDA driver {}.{}, {} device(s): {list}", v / 1000, (v % 1000) / 10, drv.devices.len()))
+    let images = match kernels::select(
+        kernels::EMBEDDED,
+        Arch::Sm90.stem(),
+        Arch::Sm90.sass(),
+        v,
+        kernels::ImageRequest::Newest,
+    ) {
+        Ok(c) => format!("loads the CUDA {} kernel images", c.cuda),
+        Err(why) => why,
+    };
+    let name = kernels::driver_version_name(v);
+    (ok, format!("CUDA driver {name} ({images}), {} device(s): {list}", drv.devices.len()))
 }
 
 /// "sm_90" for an H100/H200.
@@ -300,10 +543,13 @@ pub fn device_arch(ordinal: i32) -> Result<String> {
 }
 
 /// Validation with the device check + the device's DeviceInfo + the plan.
+/// On a device that cannot run the kernels (`unavailable`) the plan is a fallback that
+/// says why.
 pub fn plan_call(args: &CallArgs, rule: Rule) -> Result<(CallDesc, Plan)> {
     let desc = validate(args, true)?;
-    let info = device_info(validated_ordinal(&desc)?)?;
-    let p = plan(&desc, &info, rule);
+    let ordinal = validated_ordinal(&desc)?;
+    let info = device_info(ordinal)?;
+    let p = on_device(plan(&desc, &info, rule), &unavailable(ordinal)?);
     Ok((desc, p))
 }
 
@@ -319,25 +565,35 @@ pub struct Prepared {
     pub args: CallArgs,
     pub desc: CallDesc,
     pub info: DeviceInfo,
+    /// Why the device cannot run the kernels (`unavailable`): every plan of the call is
+    /// then a fallback with this reason.
+    pub unavailable: Option<String>,
 }
 
 impl Prepared {
-    /// Validates `args` fully and reads the device (as `plan_call`), and plans under `rule`.
+    /// Validates `args` fully and reads the device (as `plan_call`, the device's
+    /// availability included), and plans under `rule`.
     pub fn new(args: CallArgs, rule: Rule) -> Result<(Prepared, Plan)> {
         let desc = validate(&args, true)?;
-        let info = device_info(validated_ordinal(&desc)?)?;
-        Ok(Prepared::with_info(args, desc, info, rule))
+        let ordinal = validated_ordinal(&desc)?;
+        let info = device_info(ordinal)?;
+        let unavailable = unavailable(ordinal)?;
+        let (mut call, _) = Prepared::with_info(args, desc, info, rule);
+        call.unavailable = unavailable;
+        let p = call.replan(rule);
+        Ok((call, p))
     }
 
-    /// From a validated call and its device (pure: tests build it without a GPU).
+    /// From a validated call and its device, which can run the kernels (pure: tests
+    /// build it without a GPU).
     pub fn with_info(args: CallArgs, desc: CallDesc, info: DeviceInfo, rule: Rule) -> (Prepared, Plan) {
         let p = plan(&desc, &info, rule);
-        (Prepared { args, desc, info }, p)
+        (Prepared { args, desc, info, unavailable: None }, p)
     }
 
     /// The plan of the same call under another rule (no re-validation).
     pub fn replan(&self, rule: Rule) -> Plan {
-        plan(&self.desc, &self.info, rule)
+        on_device(plan(&self.desc, &self.info, rule), &self.unavailable)
     }
 
     /// The call as `launch` takes it: with cu_seqlens, `chunk_offsets` (the Python
@@ -459,10 +715,11 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
 /// Outputs checked, DhuParams filled, descriptors from the cache, one cuLaunchKernel.
 fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &Outputs, stream: u64) -> Result<()> {
     let (arch, config, mut params) = launch_params(args, desc, info, outs)?;
+    let drv = driver()?;
     let dev = device(desc.device.expect("planned with a device"))?;
     let ctx = dev.context()?;
     let _scope = CtxScope::enter(ctx)?;
-    let f = dev.kernels(arch)?.funcs[config.slot()].0;
+    let f = dev.kernels(drv, arch)?.funcs[config.slot()].0;
     let smem = smem_bytes(arch, config.k, config.nwg);
     let block = config.block_threads(arch);
     let [gx, gy, gz] = config.grid;
@@ -484,13 +741,22 @@ fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &
             std::ptr::null_mut(),
         )
     };
-    check(res, || {
+    let what = || {
         format!(
-            "cuLaunchKernel({}, grid ({gx}, {gy}, {gz}), block ({block}, 1, 1), smem {smem}) on cuda:{}",
+            "cuLaunchKernel({}, grid ({gx}, {gy}, {gz}), block ({block}, 1, 1), smem {smem})",
             config.entry_point(arch),
-            dev.ordinal
         )
-    })
+    };
+    if means_unusable_image(res) {
+        // A driver that loads functions lazily finds the image unusable here: the device's
+        // calls go to fla from now on.
+        let e = dev.target(drv.version).unavailable(
+            format_args!("{} failed: {}", what(), error_name(res)),
+            "an image this driver and GPU load (see kda_dhu's README: driver requirements)",
+        );
+        return Err(dev.lost.get_or_init(|| e).clone());
+    }
+    check(res, || format!("{} on cuda:{}", what(), dev.ordinal))
 }
 
 #[cfg(test)]
@@ -770,6 +1036,158 @@ mod tests {
             assert_eq!(smem_bytes(Arch::Sm100, k, 1), smem_bytes_sm100(k));
             assert_eq!(smem_bytes(Arch::Sm90, k, 2), smem_bytes_sm90(k, 2));
         }
+    }
+
+    /// Driver answers for `load_kernels`: what cuModuleLoadData returns, which entry point
+    /// cuModuleGetFunction does not find (and with what), what cuFuncSetAttribute returns.
+    struct FakeModules {
+        load: CUresult,
+        function: Option<(&'static str, CUresult)>,
+        set: CUresult,
+        smem_set: std::cell::RefCell<Vec<i32>>,
+    }
+
+    impl FakeModules {
+        fn ok() -> FakeModules {
+            FakeModules {
+                load: CUresult::CUDA_SUCCESS,
+                function: None,
+                set: CUresult::CUDA_SUCCESS,
+                smem_set: Default::default(),
+            }
+        }
+    }
+
+    impl ModuleApi for FakeModules {
+        fn load(&self, _image: &[u8]) -> std::result::Result<CUmodule, CUresult> {
+            result(self.load, 0x1000usize as CUmodule)
+        }
+        fn function(&self, _module: CUmodule, name: &CStr) -> std::result::Result<CUfunction, CUresult> {
+            match self.function {
+                Some((missing, res)) if name.to_str() == Ok(missing) => Err(res),
+                _ => Ok((0x2000 + name.to_bytes().len()) as CUfunction),
+            }
+        }
+        fn set_max_dynamic_smem(&self, _f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult> {
+            self.smem_set.borrow_mut().push(bytes);
+            result(self.set, ())
+        }
+    }
+
+    const H200_TARGET: Target = Target { ordinal: 1, info: H200, driver_version: 12020, max_smem_optin: 232448 };
+
+    fn cuda12_image() -> Image {
+        Image {
+            bytes: b"\x7fELF",
+            label: "dhu_sm90 sm_90a, CUDA 12 image".into(),
+            needs: "that image needs a driver for CUDA 12.0 or newer (R525+) and a GPU of compute capability 9.0"
+                .into(),
+        }
+    }
+
+    fn load_with(api: &FakeModules, target: &Target) -> Result<Kernels> {
+        load_kernels(api, Arch::Sm90, &cuda12_image(), target)
+    }
+
+    #[test]
+    fn a_module_the_driver_cannot_load_makes_the_device_unavailable() {
+        for code in [
+            CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+            CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU,
+            CUresult::CUDA_ERROR_INVALID_IMAGE,
+            CUresult::CUDA_ERROR_INVALID_SOURCE,
+            CUresult::CUDA_ERROR_SHARED_OBJECT_INIT_FAILED,
+            CUresult::CUDA_ERROR_JIT_COMPILER_NOT_FOUND,
+        ] {
+            let api = FakeModules { load: code, ..FakeModules::ok() };
+            let e = load_with(&api, &H200_TARGET).err().expect("a failed load");
+            let Error::Unavailable { ordinal, .. } = &e else { panic!("{code:?}: {e:?}") };
+            assert_eq!(*ordinal, 1);
+            let msg = e.to_string();
+            let head = format!(
+                "kernel unavailable on cuda:1: sm_90 with CUDA driver 12.2: \
+                 cuModuleLoadData(dhu_sm90 sm_90a, CUDA 12 image) failed: {code:?}"
+            );
+            assert!(msg.starts_with(&head), "{msg}");
+            assert!(
+                msg.ends_with(
+                    "; that image needs a driver for CUDA 12.0 or newer (R525+) and a GPU of compute capability 9.0"
+                ),
+                "{msg}"
+            );
+            assert_eq!(e.py_kind(), crate::error::PyKind::Unavailable);
+            assert!(api.smem_set.borrow().is_empty(), "nothing after a failed load");
+        }
+    }
+
+    #[test]
+    fn load_failures_that_mean_a_bug_still_raise() {
+        for code in [CUresult::CUDA_ERROR_OUT_OF_MEMORY, CUresult::CUDA_ERROR_INVALID_CONTEXT] {
+            let e = load_with(&FakeModules { load: code, ..FakeModules::ok() }, &H200_TARGET).err().unwrap();
+            assert!(matches!(e, Error::Cuda { .. }), "{code:?}: {e:?}");
+            assert!(e.to_string().starts_with("cuModuleLoadData(dhu_sm90 sm_90a, CUDA 12 image) on cuda:1 failed: "));
+        }
+        let api = FakeModules {
+            function: Some(("kda_dhu_sm90_k64_bf16", CUresult::CUDA_ERROR_INVALID_HANDLE)),
+            ..FakeModules::ok()
+        };
+        let e = load_with(&api, &H200_TARGET).err().unwrap();
+        assert!(matches!(e, Error::Cuda { .. }), "{e:?}");
+        let api = FakeModules { set: CUresult::CUDA_ERROR_INVALID_VALUE, ..FakeModules::ok() };
+        let e = load_with(&api, &H200_TARGET).err().unwrap();
+        assert!(e.to_string().starts_with("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = "), "{e}");
+    }
+
+    #[test]
+    fn a_missing_entry_point_or_too_little_shared_memory_makes_the_device_unavailable() {
+        let api = FakeModules {
+            function: Some(("kda_dhu_sm90_k128_fp16_wg2_svf", CUresult::CUDA_ERROR_NOT_FOUND)),
+            ..FakeModules::ok()
+        };
+        let e = load_with(&api, &H200_TARGET).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "kernel unavailable on cuda:1: sm_90 with CUDA driver 12.2: dhu_sm90 sm_90a, CUDA 12 image has no entry \
+             point kda_dhu_sm90_k128_fp16_wg2_svf; an image built from this release's cuda/ sources"
+        );
+        let small = Target { max_smem_optin: 101376, ..H200_TARGET };
+        let e = load_with(&FakeModules::ok(), &small).err().unwrap();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+        assert!(
+            msg.contains("kda_dhu_sm90_k64_bf16 needs 108704 bytes of shared memory per block, this GPU allows 101376"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_loadable_module_fills_every_slot_with_its_shared_memory_set() {
+        let api = FakeModules::ok();
+        let k = load_with(&api, &H200_TARGET).unwrap();
+        assert!(k.funcs.iter().all(|f| !f.0.is_null()));
+        let want: Vec<i32> =
+            KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c.k, c.nwg) as i32).collect();
+        assert_eq!(*api.smem_set.borrow(), want);
+    }
+
+    #[test]
+    fn every_plan_on_an_unavailable_device_is_a_fallback_that_says_why() {
+        let (mut pc, p) = prepared(on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16)), Rule::Extended);
+        assert!(p.is_kernel());
+        let reason = Error::Unavailable { ordinal: 0, reason: "sm_90 with CUDA driver 12.2: ...".into() }.to_string();
+        pc.unavailable = Some(reason.clone());
+        for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {
+            assert_eq!(pc.replan(rule).describe(), (false, reason.clone()));
+        }
+        assert_eq!(on_device(Plan::Fallback { reason: "x".into() }, &None), Plan::Fallback { reason: "x".into() });
+    }
+
+    #[test]
+    fn a_file_image_is_kept_aligned() {
+        let data: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        let kept = leak_aligned(&data);
+        assert_eq!(kept, &data[..]);
+        assert_eq!(kept.as_ptr() as usize % 128, 0);
     }
 
     #[test]

@@ -33,6 +33,15 @@ use pyo3::prelude::*;
 use tensor::TensorMeta;
 use validate::{CallArgs, Outputs};
 
+pyo3::create_exception!(
+    _core,
+    KernelUnavailableError,
+    PyRuntimeError,
+    "This device's driver or GPU cannot run kda-dhu's kernel image (the message, which starts with \
+     UNAVAILABLE_PREFIX, names the GPU, the driver and what is needed). Not a bug: the call, and every \
+     later one on that device, belongs to fla."
+);
+
 /// The one mapping from the error enum to Python exception types.
 fn to_pyerr(e: Error) -> PyErr {
     let msg = e.to_string();
@@ -40,6 +49,7 @@ fn to_pyerr(e: Error) -> PyErr {
         PyKind::TypeError => PyTypeError::new_err(msg),
         PyKind::ValueError => PyValueError::new_err(msg),
         PyKind::RuntimeError => PyRuntimeError::new_err(msg),
+        PyKind::Unavailable => KernelUnavailableError::new_err(msg),
     }
 }
 
@@ -525,10 +535,18 @@ fn py_run<'py>(
     let dv2 = dv.call_method1(new_empty, ((d.b, d.t, d.hv, d.v),))?;
     let ordinal = call.desc.device.unwrap_or(0);
     let stream = current_stream(py, ordinal)?;
-    guard(|| {
+    let launched = guard(|| {
         let o = outputs(&dh, dh0.as_ref(), &dv2)?;
-        call.launch(&o, None, stream)
+        match call.launch(&o, None, stream) {
+            // The device turned out unable to run the image at launch: the general path
+            // now plans the call as a fallback (and says why).
+            Err(Error::Unavailable { .. }) => Ok(false),
+            r => r.map(|()| true),
+        }
     })?;
+    if !launched {
+        return Ok(None);
+    }
     let dh0 = dh0.unwrap_or_else(|| py.None().into_bound(py));
     Ok(Some(pyo3::types::PyTuple::new(py, [dh, dh0, dv2])?))
 }
@@ -572,16 +590,26 @@ fn device_arch(ordinal: i32) -> PyResult<String> {
     guard(|| launch::device_arch(ordinal))
 }
 
-/// nvcc version, CUTLASS path, flags and ptxas's per-kernel summary from the build.
+/// The compilers (nvcc, NVRTC 12) and their flags, the CUTLASS path and ptxas's
+/// per-kernel summary of every image, from the build.
 #[pyfunction]
 fn build_info() -> String {
     kernels::BUILD_INFO.to_string()
 }
 
-/// [(file stem, SASS arch)] of the embedded cubins, e.g. [("dhu_sm100", "sm_100a"), ...].
+/// [(file stem, SASS arch, image)] of the embedded cubins, e.g. ("dhu_sm90", "sm_90a", "cuda12").
 #[pyfunction]
-fn embedded_kernels() -> Vec<(String, String)> {
-    kernels::EMBEDDED.iter().map(|c| (c.stem.to_string(), c.arch.to_string())).collect()
+fn embedded_kernels() -> Vec<(String, String, String)> {
+    kernels::EMBEDDED.iter().map(|c| (c.stem.to_string(), c.arch.to_string(), format!("cuda{}", c.cuda))).collect()
+}
+
+/// Why CUDA device `ordinal` cannot run kda-dhu's kernels (a message starting with
+/// UNAVAILABLE_PREFIX, naming the GPU, the driver and what is needed), or None when it
+/// can. The first call per device loads its kernel image; the answer is kept for the
+/// process. Raises RuntimeError without a driver, ValueError for a bad ordinal.
+#[pyfunction]
+fn kernel_unavailable(ordinal: i32) -> PyResult<Option<String>> {
+    guard(|| launch::unavailable(ordinal))
 }
 
 #[pymodule]
@@ -599,6 +627,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_arch, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_unavailable, m)?)?;
+    m.add("KernelUnavailableError", m.py().get_type::<KernelUnavailableError>())?;
+    m.add("UNAVAILABLE_PREFIX", error::UNAVAILABLE_PREFIX)?;
+    m.add("IMAGE_ENV", kernels::IMAGE_ENV)?;
+    m.add("IMAGE_FILE_ENV", kernels::IMAGE_FILE_ENV)?;
     m.add("MIN_CTAS_EXTENDED", plan::MIN_CTAS_EXTENDED)?;
     m.add("MIN_CTAS_B2A", plan::MIN_CTAS_B2A)?;
     m.add("TMA_CACHE_CAPACITY", tma::TMA_CACHE_CAPACITY)?;
