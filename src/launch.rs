@@ -116,6 +116,8 @@ struct Kernels {
     _module: Handle<CUmodule>,
     /// Indexed by KernelConfig::slot(): k64 bf16, k64 fp16, k128 bf16, k128 fp16.
     funcs: [Handle<CUfunction>; MAX_SLOTS],
+    /// The image they came from, e.g. "dhu_sm90 sm_90a, CUDA 12 image".
+    image: String,
 }
 
 /// An image to load: its bytes (embedded, or a file read once and kept), how messages
@@ -237,7 +239,7 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
         })?;
         funcs[slot] = Handle(f);
     }
-    Ok(Kernels { _module: Handle(module), funcs })
+    Ok(Kernels { _module: Handle(module), funcs, image: image.label.clone() })
 }
 
 /// The image `arch`'s kernels load from on a driver of `driver_version`:
@@ -454,30 +456,30 @@ impl DeviceState {
             .map_err(Clone::clone)
     }
 
+    /// The loaded kernels (loading them the first time, in the device's primary context),
+    /// or why this device cannot run them (`Error::Unavailable`).
+    fn loaded(&self, drv: &Driver) -> Result<&Kernels> {
+        let Some(arch) = Arch::from_cc(self.info.cc_major, self.info.cc_minor) else {
+            return Err(self.target(drv.version).unavailable(
+                "kda-dhu has no kernel for this GPU",
+                "a GPU of compute capability 9.0 (H100, H200) or 10.0 (B200, GB200)",
+            ));
+        };
+        if let Some(e) = self.lost.get() {
+            return Err(e.clone());
+        }
+        if let Some(k) = self.kernels.get() {
+            return k.as_ref().map_err(Clone::clone);
+        }
+        let _scope = CtxScope::enter(self.context()?)?;
+        self.kernels(drv, arch)
+    }
+
     /// Why this device cannot run the kernels (None: it can), loading them the first
     /// time (in the device's primary context). Errors other than `Unavailable` propagate.
     fn unavailable(&self, drv: &Driver) -> Result<Option<String>> {
-        let Some(arch) = Arch::from_cc(self.info.cc_major, self.info.cc_minor) else {
-            let target = self.target(drv.version);
-            return Ok(Some(
-                target
-                    .unavailable(
-                        "kda-dhu has no kernel for this GPU",
-                        "a GPU of compute capability 9.0 (H100, H200) or 10.0 (B200, GB200)",
-                    )
-                    .to_string(),
-            ));
-        };
-        let loaded = match (self.lost.get(), self.kernels.get()) {
-            (Some(e), _) => Err(e.clone()),
-            (None, Some(k)) => k.as_ref().map(|_| ()).map_err(Clone::clone),
-            (None, None) => {
-                let _scope = CtxScope::enter(self.context()?)?;
-                self.kernels(drv, arch).map(|_| ())
-            }
-        };
-        match loaded {
-            Ok(()) => Ok(None),
+        match self.loaded(drv) {
+            Ok(_) => Ok(None),
             Err(e @ Error::Unavailable { .. }) => Ok(Some(e.to_string())),
             Err(e) => Err(e),
         }
@@ -492,6 +494,17 @@ impl DeviceState {
 pub fn unavailable(ordinal: i32) -> Result<Option<String>> {
     let drv = driver()?;
     device(ordinal)?.unavailable(drv)
+}
+
+/// The image device `ordinal` runs its kernels from (e.g. "dhu_sm90 sm_90a, CUDA 12
+/// image"), loading it as `unavailable` does; None where the device cannot run them.
+pub fn kernel_image(ordinal: i32) -> Result<Option<String>> {
+    let drv = driver()?;
+    match device(ordinal)?.loaded(drv) {
+        Ok(k) => Ok(Some(k.image.clone())),
+        Err(Error::Unavailable { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// `plan` on a device that cannot run the kernels says so, whatever the call.

@@ -612,6 +612,14 @@ fn kernel_unavailable(ordinal: i32) -> PyResult<Option<String>> {
     guard(|| launch::unavailable(ordinal))
 }
 
+/// The image CUDA device `ordinal` runs its kernels from, e.g. "dhu_sm90 sm_90a, CUDA 12
+/// image" (KDA_DHU_IMAGE selects it), loading it as `kernel_unavailable` does; None
+/// where the device cannot run them. Raises as `kernel_unavailable`.
+#[pyfunction]
+fn kernel_image(ordinal: i32) -> PyResult<Option<String>> {
+    guard(|| launch::kernel_image(ordinal))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_validate, m)?)?;
@@ -628,6 +636,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_unavailable, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_image, m)?)?;
     m.add("KernelUnavailableError", m.py().get_type::<KernelUnavailableError>())?;
     m.add("UNAVAILABLE_PREFIX", error::UNAVAILABLE_PREFIX)?;
     m.add("IMAGE_ENV", kernels::IMAGE_ENV)?;

@@ -7,7 +7,13 @@ tensor on its *current* device: call these inside ``torch.cuda.device(q.device)`
 Errors: TypeError for a non-tensor or a wrong dtype; ValueError for shapes, strides,
 alignment, devices, scalar values, and for ``launch`` on a call the kernel does not
 cover; RuntimeError for CUDA driver failures (including "no CUDA driver (libcuda)
-found"). Every message names the argument and what was expected.
+found"); KernelUnavailableError (a RuntimeError) where the device's driver or GPU
+cannot run the kernel image. Every message names the argument and what was expected.
+
+A device whose driver or GPU cannot run the kernel image is found out once, when
+``prepare`` / ``plan`` / ``run`` first meet it (that loads the image): from then on
+every plan on it is ``(False, reason)`` with ``reason`` starting with
+``UNAVAILABLE_PREFIX`` (``kernel_unavailable`` gives the same reason).
 """
 
 from typing import Any
@@ -20,6 +26,21 @@ MIN_CTAS_B2A: int
 """CTA floor of the seed's rule (B*HV*(V/64) >= 256)."""
 TMA_CACHE_CAPACITY: int
 """Entries of the TMA descriptor cache (64)."""
+UNAVAILABLE_PREFIX: str
+"""How a reason for a device that cannot run the kernel image starts:
+"kernel unavailable on cuda:" (then the ordinal, ": ", the GPU, the driver and what is
+needed)."""
+IMAGE_ENV: str
+"""KDA_DHU_IMAGE: "cuda12" or "cuda13" picks the embedded image built by that CUDA
+version; unset, empty or "auto": the newest the driver loads. Read when a device first
+loads its kernels; another value raises ValueError there."""
+IMAGE_FILE_ENV: str
+"""KDA_DHU_IMAGE_FILE: a cubin file loaded instead of the embedded image (development,
+and the tests of an unusable image). Read when a device first loads its kernels."""
+
+class KernelUnavailableError(RuntimeError):
+    """This device's driver or GPU cannot run kda-dhu's kernel image; the message starts
+    with UNAVAILABLE_PREFIX. Not a bug: the call belongs to fla."""
 
 def validate(
     q: Tensor,
@@ -205,8 +226,23 @@ def device_arch(ordinal: int) -> str:
     RuntimeError without a driver; ValueError for an ordinal out of range."""
 
 def build_info() -> str:
-    """How the extension was built: nvcc path and version, CUTLASS include path, nvcc
-    flags, and ptxas's per-kernel line (registers, static smem, stack frame)."""
+    """How the extension was built: each compiler (nvcc for the CUDA 13 images, NVRTC 12
+    for the CUDA 12 ones) with its version and flags, the CUTLASS include path, and
+    ptxas's line per kernel and image ("dhu_sm90 sm_90a cuda12 NAME: registers, static
+    smem, stack frame")."""
 
-def embedded_kernels() -> list[tuple[str, str]]:
-    """The embedded cubins as (cuda/ file stem, SASS arch), e.g. ("dhu_sm90", "sm_90a")."""
+def embedded_kernels() -> list[tuple[str, str, str]]:
+    """The embedded cubins as (cuda/ file stem, SASS arch, image), e.g.
+    ("dhu_sm90", "sm_90a", "cuda12")."""
+
+def kernel_unavailable(ordinal: int) -> str | None:
+    """Why CUDA device ``ordinal`` cannot run kda-dhu's kernels (a message starting with
+    UNAVAILABLE_PREFIX that names the GPU, the driver and what is needed), or None when
+    it can. The first call per device loads its kernel image (in the primary context);
+    the answer is kept for the process. RuntimeError without a driver; ValueError for an
+    ordinal out of range or a bad KDA_DHU_IMAGE / KDA_DHU_IMAGE_FILE."""
+
+def kernel_image(ordinal: int) -> str | None:
+    """The image CUDA device ``ordinal`` runs its kernels from, e.g. "dhu_sm90 sm_90a,
+    CUDA 12 image" (KDA_DHU_IMAGE selects it), loading it as ``kernel_unavailable`` does;
+    None where the device cannot run them. Raises as ``kernel_unavailable``."""

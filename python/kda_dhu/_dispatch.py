@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from . import _driver
 from ._selfcheck import SelfCheck, signature_of
 
 try:
@@ -179,6 +180,9 @@ def _prepare(
     ok, reason, call = _core.prepare(
         rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
     )
+    if not ok:
+        # A device that cannot run the kernel image: one warning per device, then fla.
+        _driver.note_unavailable(reason, stacklevel=4)
     if force == "kernel" and not ok:
         ok, reason = call.replan("capable")
         if not ok:
@@ -332,29 +336,34 @@ def _run_kernel(
             if out is not None:
                 out.fill_(float("nan"))
     stream = _current_stream(q)
-    if call is not None:
-        call.launch(dh, dh0, dv2, chunk_offsets, stream)
-    else:
-        _core.launch(
-            q,
-            k,
-            w,
-            do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
-            float(scale),
-            state_v_first,
-            cu_seqlens,
-            BT,
-            chunk_offsets,
-            dh,
-            dh0,
-            dv2,
-            stream,
-        )
+    try:
+        if call is not None:
+            call.launch(dh, dh0, dv2, chunk_offsets, stream)
+        else:
+            _core.launch(
+                q,
+                k,
+                w,
+                do,
+                dv,
+                g,
+                gk,
+                h0,
+                dht,
+                float(scale),
+                state_v_first,
+                cu_seqlens,
+                BT,
+                chunk_offsets,
+                dh,
+                dh0,
+                dv2,
+                stream,
+            )
+    except _core.KernelUnavailableError as err:
+        # The device turned out unable to run the image at launch: warn once, run fla.
+        _driver.note_unavailable(err, stacklevel=5)
+        return None
     return dh, dh0, dv2
 
 
@@ -582,9 +591,10 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
         if use_kernel:
 
             def run_kernel():
-                return _run_kernel(
+                out = _run_kernel(
                     qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None, False, call=call
                 )
+                return run_fla() if out is None else out
 
             def signature():
                 return signature_of(qg, kg, w, do, dv, g2, h0, dht, entry="b2a")
