@@ -218,8 +218,9 @@ def tma_cache_clear() -> None:
     """Empty the TMA descriptor cache and zero its counters."""
 
 def cuda_status() -> tuple[bool, str]:
-    """(usable, message): whether libcuda loads and initializes, its version and devices.
-    Creates no context. Without a driver: (False, "no CUDA driver (libcuda) found")."""
+    """(usable, message): whether libcuda loads and initializes, its version, the kernel
+    images it loads (the CUDA 13 ones from driver 13.0 on, else the CUDA 12 ones), and the
+    devices. Creates no context. Without a driver: (False, "no CUDA driver (libcuda) found")."""
 
 def device_arch(ordinal: int) -> str:
     """Compute capability of CUDA device ``ordinal`` as "sm_90", "sm_100", ...

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from . import _driver
+from . import _driver, _fla_compat
 from ._selfcheck import SelfCheck, signature_of
 
 try:
@@ -81,7 +81,10 @@ def fla_function():
     """fla's own ``chunk_gated_delta_rule_bwd_dhu``, undecorated.
 
     The function under fla's backend-dispatch wrapper, so that a fallback never routes
-    back into kda-dhu's fla backend or patch. Raises ImportError if fla is not installed.
+    back into kda-dhu's fla backend or patch; on fla-core 0.5, a wrapper that leaves out
+    the arguments that fla's function does not take yet (``_fla_compat.adapt``). Raises
+    ImportError if fla is not installed, and FlaVersionError (an ImportError) if its
+    stage 4 is too old for the fallback's call.
     """
     global _fla_fn
     if _fla_fn is None:
@@ -99,7 +102,8 @@ def fla_function():
                     from .patch import original_function
 
                     fn = original_function()
-                _fla_fn = inspect.unwrap(fn)
+                # an fla too old for the fallback's call raises here (FlaVersionError)
+                _fla_fn = _fla_compat.adapt(inspect.unwrap(fn))
     return _fla_fn
 
 

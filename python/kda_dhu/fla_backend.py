@@ -133,7 +133,8 @@ def register_backend() -> bool:
     registry (fla < 0.6) or without ``fla.ops.common.chunk_delta_h``, and when fla's
     dispatch is switched off (``FLA_DISABLE_BACKEND_DISPATCH=1``: fla then calls its
     functions directly and no backend is ever consulted; use kda_dhu.patch instead).
-    Idempotent.
+    Idempotent. Raises ``kda_dhu._fla_compat.FlaVersionError`` (an ImportError) if fla's
+    stage 4 lacks parameters kda-dhu's fallback passes.
     """
     global _backend_cls
     with _lock:
@@ -143,6 +144,8 @@ def register_backend() -> bool:
         if getattr(backends, "_DISPATCH_DISABLED", False):
             logger.info("kda_dhu: fla's backend dispatch is disabled; not registering")
             return False
+        # Version check: raises FlaVersionError if fla's stage 4 is too old for the fallback.
+        _dispatch_module().fla_function()
         if _backend_cls is None or not issubclass(_backend_cls, backends.BaseBackend):
             _backend_cls = _make_backend_class(backends.BaseBackend)
         if registry is not None and isinstance(

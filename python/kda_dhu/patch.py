@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
 import sys
 import threading
@@ -113,11 +114,15 @@ def patch() -> int:
     only picks up fla modules imported (with fla's function) since the first.
 
     Returns the number of module globals rebound by this call.
-    Raises ImportError (from ``kda_dhu._dispatch.fla_function``) if fla is missing.
+    Raises ImportError (from ``kda_dhu._dispatch.fla_function``) if fla is missing, and
+    its subclass ``kda_dhu._fla_compat.FlaVersionError`` if fla's stage 4 lacks
+    parameters the fallback passes (an fla older than 0.5.2), naming them.
     """
     with _lock:
         dispatch = _dispatch_module()
-        original = dispatch.fla_function()  # raises ImportError without fla
+        # Raises ImportError without fla, FlaVersionError (an ImportError) for an fla too
+        # old for kda-dhu's fallback: before anything is rebound.
+        original = inspect.unwrap(dispatch.fla_function())
         ours = dispatch.chunk_gated_delta_rule_bwd_dhu
         _import_known_users()
         count = 0
