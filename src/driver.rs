@@ -50,6 +50,8 @@ pub const KERNEL_SYMBOLS: &[&str] = &[
     "cuFuncSetAttribute",
     "cuLaunchKernel",
     "cuTensorMapEncodeTiled",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
 ];
 
 /// Entry points used where the driver has them (tma.rs: without it every call encodes

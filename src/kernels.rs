@@ -29,15 +29,6 @@ impl std::fmt::Debug for EmbeddedCubin {
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
-/// Selects the image by CUDA version ("cuda12", "cuda13"; unset, empty or "auto": the
-/// newest the driver loads). Read when a device first loads its kernels.
-pub const IMAGE_ENV: &str = "KDA_DHU_IMAGE";
-
-/// A cubin file loaded instead of the embedded image (development: a rebuilt image
-/// without rebuilding the extension; tests: an image the device cannot run). Read when a
-/// device first loads its kernels.
-pub const IMAGE_FILE_ENV: &str = "KDA_DHU_IMAGE_FILE";
-
 /// The cubin of `stem` compiled for `arch` by CUDA major version `cuda`.
 pub fn find(stem: &str, arch: &str, cuda: u32) -> Option<&'static EmbeddedCubin> {
     EMBEDDED.iter().find(|c| c.stem == stem && c.arch == arch && c.cuda == cuda)
@@ -60,7 +51,7 @@ pub fn driver_version_name(version: i32) -> String {
     format!("{}.{}", version / 1000, (version % 1000) / 10)
 }
 
-/// What `KDA_DHU_IMAGE` asks for.
+/// What `KDA_DHU_IMAGE` (`env::image`) asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ImageRequest {
     /// The newest image the driver loads (unset, empty, "auto").
@@ -119,12 +110,11 @@ pub fn select<'a>(
             Err(format!("CUDA driver {have} is too old: {}", needs(oldest)))
         }
         ImageRequest::Cuda(v) => {
-            let c = images
-                .iter()
-                .find(|c| c.cuda == v)
-                .ok_or_else(|| format!("{IMAGE_ENV}=cuda{v}: no CUDA {v} image of {stem} for {arch} is embedded"))?;
+            let c = images.iter().find(|c| c.cuda == v).ok_or_else(|| {
+                format!("{}=cuda{v}: no CUDA {v} image of {stem} for {arch} is embedded", crate::env::IMAGE)
+            })?;
             if driver < min_driver(v, arch).0 {
-                return Err(format!("{IMAGE_ENV}=cuda{v} with CUDA driver {have}: {}", needs(c)));
+                return Err(format!("{}=cuda{v} with CUDA driver {have}: {}", crate::env::IMAGE, needs(c)));
             }
             Ok(c)
         }

@@ -8,7 +8,8 @@ its package path over every ``fla`` folder on sys.path, so the environment's own
 not be visible. On CPU: registration, the patch (and its undoing), and a call through
 each patched module reaching fla's own function with that version's signature (fla's
 function is swapped for a stand-in with its exact signature: its Triton kernel needs a
-GPU). Skips, saying why, where PyPI cannot be reached. About 30 s (two downloads).
+GPU), and so is the planner's verdict (it needs CUDA tensors). Skips, saying why, where
+PyPI cannot be reached. About 30 s (two downloads).
 
     python -m pytest tests/test_fla_versions.py -q -p no:cacheprovider
 """
@@ -136,10 +137,12 @@ _CHILD = """
         calls.append(sorted(inspect.signature(real).bind(*args, **kwargs).arguments))
         return "fla's result"
     stand_in.__signature__ = inspect.signature(real)
-    _dispatch._fla_fn = kda_dhu._fla_compat.adapt(stand_in)
+    sys.modules["kda_dhu._fla"]._fla_fn = kda_dhu._fla_compat.adapt(stand_in)
 
-    # every patched module's name routes to kda-dhu's dispatcher, which (KDA_DHU_FORCE=fla,
-    # CPU tensors) validates and falls back to fla's function with what that fla takes
+    # every patched module's name routes to kda-dhu's dispatcher, which falls back to fla's
+    # function with what that fla takes (KDA_DHU_FORCE=fla keeps the one-crossing path out;
+    # the verdict is a stand-in: the real one needs CUDA tensors)
+    _dispatch._decide = lambda rule, c: (False, "stand-in verdict", None, c)
     a = make_inputs(1, 100, 2, 2, 64, 64, torch.bfloat16, "gk")
     results = [sys.modules[n].chunk_gated_delta_rule_bwd_dhu(**a) for n in out["patched_modules"]]
     out["results"] = sorted(set(results))

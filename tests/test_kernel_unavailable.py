@@ -50,7 +50,8 @@ def test_the_core_names_unavailable_devices_with_one_prefix():
     assert REASON.startswith(_core.UNAVAILABLE_PREFIX)
     assert issubclass(_core.KernelUnavailableError, RuntimeError)
     assert issubclass(KernelUnavailableWarning, RuntimeWarning)
-    assert (_core.IMAGE_ENV, _core.IMAGE_FILE_ENV) == ("KDA_DHU_IMAGE", "KDA_DHU_IMAGE_FILE")
+    switches = [name for name, _, _ in _core.switches()]
+    assert "KDA_DHU_IMAGE" in switches and "KDA_DHU_IMAGE_FILE" in switches
 
 
 def test_both_cuda_versions_of_each_kernel_are_embedded():
@@ -100,10 +101,22 @@ class _FlaStandIn:
 
 
 class _Call:
-    """A PreparedCall whose launch answers with `error` (None: launches nothing)."""
+    """A PreparedCall (dense, nothing to copy) whose launch answers with `error` (None:
+    launches nothing)."""
 
-    def __init__(self, error=None):
+    copies: list = []
+
+    def __init__(self, args, ok, reason, error=None):
         self.error, self.launches = error, 0
+        q, do, h0 = args["q"], args["do"], args["h0"]
+        B, T, H, K = q.shape
+        HV, V = do.shape[2], do.shape[3]
+        self.nt = (T + 63) // 64
+        self.shapes = ((B, self.nt, HV, K, V), tuple(h0.shape), (B, T, HV, V))
+        self.verdict = (ok, reason)
+
+    def out_shapes(self):
+        return self.shapes
 
     def launch(self, *a):
         self.launches += 1
@@ -115,20 +128,23 @@ class _Call:
 
 
 class _Core:
-    """The extension as it answers for one device: `verdict` from prepare, `call`'s launch."""
+    """The extension as it answers for one device: `call`'s verdict from prepare, its launch."""
 
     KernelUnavailableError = _core.KernelUnavailableError
 
-    def __init__(self, verdict, call):
-        self.verdict, self.call = verdict, call
+    def __init__(self, call, force=None):
+        self.call, self.forced = call, force
 
     def run(self, *a):  # the one-crossing path hands the call back, as for any non-kernel plan
         return None
 
     def prepare(self, *a):
-        return (*self.verdict, self.call)
+        return (*self.call.verdict, self.call)
 
-    def validate(self, *a):
+    def force(self):
+        return self.forced
+
+    def switch(self, name):
         return None
 
 
@@ -143,9 +159,9 @@ def _three_entry_points(args):
     return outs, verdict
 
 
-def _stand_ins(monkeypatch, verdict, call):
+def _stand_ins(monkeypatch, call, force=None):
     fla = _FlaStandIn()
-    monkeypatch.setattr(_dispatch, "_core", _Core(verdict, call))
+    monkeypatch.setattr(_dispatch, "_core", _Core(call, force))
     monkeypatch.setattr(_dispatch, "fla_function", lambda: fla)
     monkeypatch.setattr(_dispatch, "_current_stream", lambda q: 0)
     monkeypatch.delenv("KDA_DHU_FORCE", raising=False)
@@ -154,8 +170,8 @@ def _stand_ins(monkeypatch, verdict, call):
 
 def test_an_unavailable_verdict_runs_fla_with_one_warning(monkeypatch, rng, fresh_warnings):
     args = make_inputs(2, 100, 2, 2, 64, 64, generator=rng)
-    call = _Call()
-    fla = _stand_ins(monkeypatch, (False, REASON), call)
+    call = _Call(args, False, REASON)
+    fla = _stand_ins(monkeypatch, call)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outs, verdict = _three_entry_points(args)
@@ -171,8 +187,7 @@ def test_an_unavailable_verdict_runs_fla_with_one_warning(monkeypatch, rng, fres
 
 def test_kernel_force_on_an_unavailable_device_says_why(monkeypatch, rng, fresh_warnings):
     args = make_inputs(1, 64, 1, 1, 64, 64, generator=rng)
-    _stand_ins(monkeypatch, (False, REASON), _Call())
-    monkeypatch.setenv("KDA_DHU_FORCE", "kernel")
+    _stand_ins(monkeypatch, _Call(args, False, REASON), force="kernel")
     with (
         pytest.warns(KernelUnavailableWarning),
         pytest.raises(RuntimeError, match="kernel unavailable on cuda:0"),
@@ -182,8 +197,8 @@ def test_kernel_force_on_an_unavailable_device_says_why(monkeypatch, rng, fresh_
 
 def test_an_image_found_unusable_at_launch_runs_fla_with_one_warning(monkeypatch, rng, fresh_warnings):
     args = make_inputs(2, 100, 2, 2, 64, 64, generator=rng)
-    call = _Call(_core.KernelUnavailableError(REASON))
-    fla = _stand_ins(monkeypatch, (True, "kernel-sm90a"), call)
+    call = _Call(args, True, "kernel-sm90a", _core.KernelUnavailableError(REASON))
+    fla = _stand_ins(monkeypatch, call)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outs, _ = _three_entry_points(args)
@@ -197,7 +212,7 @@ def test_a_launch_error_that_means_a_bug_still_raises(monkeypatch, rng, fresh_wa
     bug = RuntimeError(
         "cuLaunchKernel(kda_dhu_sm90_k64_bf16, ...) on cuda:0 failed: CUDA_ERROR_LAUNCH_FAILED"
     )
-    fla = _stand_ins(monkeypatch, (True, "kernel-sm90a"), _Call(bug))
+    fla = _stand_ins(monkeypatch, _Call(args, True, "kernel-sm90a", bug))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no warning
         with pytest.raises(RuntimeError, match="CUDA_ERROR_LAUNCH_FAILED"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os as _os
 
 from ._dispatch import (
+    check_errors,
     chunk_gated_delta_rule_bwd_dhu,
     fla_function,
     kda_dhu_b2a,
@@ -66,4 +67,5 @@ __all__ = [
     "register_backend",
     "unregister_backend",
     "cuda_status",
+    "check_errors",
 ]

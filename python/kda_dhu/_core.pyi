@@ -30,13 +30,6 @@ UNAVAILABLE_PREFIX: str
 """How a reason for a device that cannot run the kernel image starts:
 "kernel unavailable on cuda:" (then the ordinal, ": ", the GPU, the driver and what is
 needed)."""
-IMAGE_ENV: str
-"""KDA_DHU_IMAGE: "cuda12" or "cuda13" picks the embedded image built by that CUDA
-version; unset, empty or "auto": the newest the driver loads. Read when a device first
-loads its kernels; another value raises ValueError there."""
-IMAGE_FILE_ENV: str
-"""KDA_DHU_IMAGE_FILE: a cubin file loaded instead of the embedded image (development,
-and the tests of an unusable image). Read when a device first loads its kernels."""
 
 class KernelUnavailableError(RuntimeError):
     """This device's driver or GPU cannot run kda-dhu's kernel image; the message starts
