@@ -129,9 +129,9 @@ step "wheel install + import" "$t"
 t=$(now)
 echo "== CPU tests from the installed wheel"
 mkdir -p "$TEST/src"
-# The tests read benches/ (scripts they run) and README.md; the package itself comes
+# The tests read benches/ and scripts/ (scripts they run) and README.md; the package comes
 # from the wheel (tests/conftest.py only adds python/ when no kda_dhu is importable).
-cp -r "$ROOT/tests" "$ROOT/benches" "$ROOT/README.md" "$TEST/src/"
+cp -r "$ROOT/tests" "$ROOT/benches" "$ROOT/scripts" "$ROOT/README.md" "$TEST/src/"
 (cd "$TEST/src" && "${clean_env[@]}" "$VPY" -m pytest tests -q -p no:cacheprovider)
 step "CPU tests" "$t"
 

@@ -333,7 +333,7 @@ def test_each_embedded_image_passes_parity(rng, image):
     if _core.device_arch(0) != "sm_90":
         pytest.skip("the parity cases include GVA and tails: the sm_90a kernel's envelope")
     seed = str(int(torch.randint(0, 2**31, (1,), generator=rng)))
-    r = _child(_PARITY, {"KDA_DHU_IMAGE": image, "KDA_DHU_FORCE": "kernel"}, seed)
+    r = _child(_PARITY, {"KDA_DHU_IMAGE": image}, seed)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     cuda = image.removeprefix("cuda")
     assert f"IMAGE dhu_sm90 sm_90a, CUDA {cuda} image" in r.stdout, r.stdout[-2000:]
