@@ -46,7 +46,7 @@ _LAZY = {
     "chunk_gated_delta_rule_bwd_dhu_op": "ops",
 }
 # Submodules reachable as attributes without an import of their own.
-_SUBMODULES = ("reference", "testing", "bench", "ops", "fla_backend")
+_SUBMODULES = ("reference", "testing", "bench", "ops", "fla_backend", "doctor", "_dispatch")
 
 
 def __getattr__(name: str):

@@ -8,17 +8,19 @@ early enough for fla's first stage-4 call, whichever of kda_dhu and fla is impor
 first:
 
 - the module is already imported (fla came first): register at once;
-- and for its imports to come: a finder at the head of ``sys.meta_path`` waits for that one module name,
-  lets the other finders find it, and wraps its loader so that the registration runs
-  right after the module's code (before the import returns to whoever asked for it).
+- and for its imports to come: a finder at the head of ``sys.meta_path`` waits for that
+  one module name, lets the other finders find it, and wraps its loader so that the
+  registration runs right after the module's code (before the import returns to
+  whoever asked for it).
 
 Importing fla costs seconds and prints warnings on machines without a GPU; this way
 ``import kda_dhu`` costs neither, and a process that never imports fla never does.
 The hook adds no third-party dependency (the wheels are installed without dependencies
-on the GPU hosts) and imports no more than ``os``, ``sys`` and ``threading`` (the
-finder and the loader follow importlib's protocols without its abstract base classes,
-whose import alone costs more than the rest of ``import kda_dhu``). A registration error never breaks fla's import: it is kept in
-``state`` (``python -m kda_dhu --doctor`` prints it) and logged at debug level.
+on the GPU hosts) and imports no more than ``logging``, ``os``, ``sys`` and
+``threading``: the finder and the loader follow importlib's protocols without its
+abstract base classes, whose import alone costs more than the rest of ``import
+kda_dhu``. A registration error never breaks fla's import: it is kept in ``state``
+(``python -m kda_dhu --doctor`` prints it) and logged at debug level.
 
 ``KDA_DHU_NO_AUTOREGISTER=1`` skips all of it (``kda_dhu.register_backend()`` still
 registers by hand).

@@ -21,16 +21,10 @@ import sys
 import traceback
 import warnings
 
-# Switches read by kda_dhu and fla's backend registry (README: Environment).
-ENV_SWITCHES = (
-    "KDA_DHU_FORCE",
-    "KDA_DHU_NO_AUTOREGISTER",
-    "KDA_DHU_SM90_NWG",
-    "KDA_DHU_SM100_TRUSTED",
-    "KDA_DHU_NO_EXCHANGE_API",
-    "FLA_KDA_DHU",
-    "FLA_DISABLE_BACKEND_DISPATCH",
-)
+# Environment variables shown: kda_dhu's own (by prefix, so the list has no owner here)
+# and the two that decide whether fla consults its backends at all.
+ENV_PREFIX = "KDA_DHU_"
+FLA_SWITCHES = ("FLA_KDA_DHU", "FLA_DISABLE_BACKEND_DISPATCH")
 
 
 def _section(title: str):
@@ -180,11 +174,29 @@ def _registry(out) -> None:
 
 @_section("environment switches")
 def _environment(out) -> None:
-    set_ = [(n, os.environ[n]) for n in ENV_SWITCHES if n in os.environ]
-    if not set_:
-        _line(out, "set", "none (" + ", ".join(ENV_SWITCHES) + ")")
-    for name, value in set_:
-        _line(out, name, repr(value))
+    shown = sorted(n for n in os.environ if n.startswith(ENV_PREFIX) or n in FLA_SWITCHES)
+    if not shown:
+        _line(out, "set", f"none ({ENV_PREFIX}*, {', '.join(FLA_SWITCHES)})")
+    for name in shown:
+        _line(out, name, repr(os.environ[name]))
+
+
+def _verdicts(row) -> tuple:
+    """(route, b2a route) of a SHAPES row on cuda:0: the planner's verdicts on the row's
+    inputs, built there and freed on return."""
+    import kda_dhu
+
+    from . import bench
+
+    a, _ = bench.row_inputs(row, device="cuda:0")
+    ok, reason = kda_dhu.plan_call(**a)
+    route = reason if ok else f"fla ({reason})"
+    if a.get("gk") is None or a.get("cu_seqlens") is not None or a.get("state_v_first"):
+        return route, "not expressible"
+    b_ok, b_reason = kda_dhu.plan_b2a(
+        a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], a["chunk_size"]
+    )
+    return route, b_reason if b_ok else f"fla ({b_reason})"
 
 
 @_section("routes of the README's shapes on cuda:0 (the planner's verdicts)")
@@ -196,29 +208,17 @@ def _routes(out) -> None:
         return
     import torch
 
-    import kda_dhu
-
     from . import bench
 
     print("  shape: fla's backend / chunk_gated_delta_rule_bwd_dhu; kda_dhu_b2a", file=out)
     for row in bench.SHAPES:
-        name = row[0]
         try:
-            a, _ = bench.row_inputs(row, device="cuda:0")
-            ok, reason = kda_dhu.plan_call(**a)
-            if a.get("gk") is not None and a.get("cu_seqlens") is None and not a.get("state_v_first"):
-                args = (a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], 64)
-                b_ok, b_reason = kda_dhu.plan_b2a(*args)
-                b2a = "kernel" if b_ok else f"fla ({b_reason})"
-            else:
-                b2a = "not expressible"
-            del a
+            route, b2a = _verdicts(row)
         except torch.cuda.OutOfMemoryError:
-            ok, reason, b2a = False, "not judged: not enough free GPU memory for its inputs", "-"
+            route, b2a = "not judged: not enough free GPU memory for its inputs", "-"
         finally:
             torch.cuda.empty_cache()
-        route = reason if ok else f"fla ({reason})"
-        print(f"  {name:<26} {route}; b2a: {b2a}", file=out)
+        print(f"  {row[0]:<26} {route}; b2a: {b2a}", file=out)
 
 
 def main(out=None) -> int:
