@@ -25,6 +25,7 @@ mod ptxas;
 pub mod tensor;
 pub mod tma;
 pub mod validate;
+pub mod varlen;
 
 use error::{Error, PyKind};
 use plan::Rule;
