@@ -670,6 +670,18 @@ fn launch_count() -> u64 {
     launch::launch_count()
 }
 
+/// The value of the environment switch `name` (trimmed, lower-cased; None when unset: absent,
+/// "", "0" or "auto"). ValueError for a name that is not one of kda-dhu's switches.
+#[pyfunction]
+fn switch(name: &str) -> PyResult<Option<String>> {
+    guard(|| {
+        if !env::SWITCHES.iter().any(|&(n, _)| n == name) {
+            return Err(Error::value("name", format!("expected one of kda-dhu's switches (src/env.rs), got {name:?}")));
+        }
+        Ok(env::value(name))
+    })
+}
+
 /// Every environment switch: [(name, meaning, current value or None)].
 #[pyfunction]
 fn switches() -> Vec<(&'static str, &'static str, Option<String>)> {
@@ -736,6 +748,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_input_errors, m)?)?;
     m.add_function(wrap_pyfunction!(force, m)?)?;
     m.add_function(wrap_pyfunction!(switches, m)?)?;
+    m.add_function(wrap_pyfunction!(switch, m)?)?;
     m.add_function(wrap_pyfunction!(launch_count, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;

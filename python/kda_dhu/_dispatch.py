@@ -234,7 +234,7 @@ def _decide(rule: str, c: _Call):
 
 
 def _check_inputs() -> bool:
-    return any(name == "KDA_DHU_CHECK_INPUTS" and value for name, _, value in _core.switches())
+    return _core.switch("KDA_DHU_CHECK_INPUTS") is not None
 
 
 def _general(rule: str, c: _Call, signature_entry: str):
