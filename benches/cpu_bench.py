@@ -34,7 +34,18 @@ SHAPES = [
     (TARGET, 2, 4096, 8, 8, 128, 128, "gk", None, False),
     ("g_b2_t4096_h8", 2, 4096, 8, 8, 128, 128, "g", None, False),
     ("nogate_b2_t4096_h8", 2, 4096, 8, 8, 128, 128, None, None, False),
-    ("varlen_t8192_h8_8seqs", 1, None, 8, 8, 128, 128, "gk", [1500, 700, 1300, 64, 2000, 900, 1, 1727], False),
+    (
+        "varlen_t8192_h8_8seqs",
+        1,
+        None,
+        8,
+        8,
+        128,
+        128,
+        "gk",
+        [1500, 700, 1300, 64, 2000, 900, 1, 1727],
+        False,
+    ),
     ("gva_b1_t4096_h4_hv16", 1, 4096, 4, 16, 128, 128, "gk", None, False),
     ("k64_b2_t4096_h8", 2, 4096, 8, 8, 64, 128, "gk", None, False),
     ("svf_b2_t4096_h8", 2, 4096, 8, 8, 128, 128, "gk", None, True),
@@ -126,11 +137,15 @@ def main(argv=None) -> int:
         load_average=dict(before=load_before, after=_load()),
         reps=args.reps,
         dtype="bfloat16",
-        target=dict(shape=TARGET, mode="float64", limit_s=TARGET_S, best_s=target["float64"]["best_s"], ok=ok),
+        target=dict(
+            shape=TARGET, mode="float64", limit_s=TARGET_S, best_s=target["float64"]["best_s"], ok=ok
+        ),
         rows=rows,
         command=" ".join(["python", "benches/cpu_bench.py", *(argv if argv is not None else sys.argv[1:])]),
     )
-    print(f"target {TARGET} float64: {target['float64']['best_s']:.3f} s (limit {TARGET_S} s): {'ok' if ok else 'FAILED'}")
+    print(
+        f"target {TARGET} float64: {target['float64']['best_s']:.3f} s (limit {TARGET_S} s): {'ok' if ok else 'FAILED'}"
+    )
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"{record['date'][:10]}-cpu-{record['commit']}.json")

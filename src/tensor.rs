@@ -514,7 +514,7 @@ impl HostOut {
     }
 }
 
-/// DLPack intake (the only PyO3 code outside lib.rs).
+/// DLPack intake (PyO3 code; the rest of this module is plain Rust).
 pub use py::{current_cuda_stream, intake, is_plain_tensor, is_torch_tensor};
 
 mod py {
@@ -941,6 +941,57 @@ mod tests {
         assert_eq!(Device::from_dlpack(2, 3).to_string(), "cuda:3");
         assert!(Device::from_dlpack(13, 0).is_cuda());
         assert!(!Device::from_dlpack(3, 0).is_cuda());
+    }
+
+    #[test]
+    fn host_views_read_strided_elements_of_every_dtype() {
+        // [2, 3] float64 values stored column-major (strides [1, 2])
+        let vals = [1.0f64, 4.0, 2.0, 5.0, 3.0, 6.0];
+        let meta = TensorMeta {
+            ptr: vals.as_ptr() as u64,
+            shape: vec![2, 3],
+            strides: Some(vec![1, 2]),
+            dtype: DType::F64,
+            device: Device::cpu(),
+        };
+        // SAFETY: `vals` outlives the view.
+        let v = unsafe { HostView::new(&meta, "x") }.unwrap();
+        let mut row = [0f32; 3];
+        v.read(v.offset(&[1, 0]), v.stride(1), &mut row);
+        assert_eq!(row, [4.0, 5.0, 6.0]);
+        // bfloat16 and int32, compact
+        let b = [half::bf16::from_f32(1.5), half::bf16::from_f32(-2.0)];
+        let meta = TensorMeta::contiguous(b.as_ptr() as u64, &[2], DType::BF16, Device::cpu());
+        let mut out = [0f64; 2];
+        unsafe { HostView::new(&meta, "x") }.unwrap().read(0, 1, &mut out);
+        assert_eq!(out, [1.5, -2.0]);
+        let idx = [0i32, 7, 9];
+        let meta = TensorMeta::contiguous(idx.as_ptr() as u64, &[3], DType::I32, Device::cpu());
+        assert_eq!(unsafe { HostView::new(&meta, "cu_seqlens") }.unwrap().read_indices(), vec![0, 7, 9]);
+        // not host memory: a Device error naming the argument
+        let meta = TensorMeta::contiguous(0x1000, &[3], DType::F32, Device::cuda(0));
+        let e = unsafe { HostView::new(&meta, "k") }.unwrap_err();
+        assert_eq!(e.to_string(), "k: expected a CPU tensor, got a tensor on cuda:0");
+    }
+
+    #[test]
+    fn host_outputs_round_to_nearest_even() {
+        let mut buf = [half::bf16::ZERO; 4];
+        let meta = TensorMeta::contiguous(buf.as_mut_ptr() as u64, &[4], DType::BF16, Device::cpu());
+        // SAFETY: `buf` outlives the view and nothing else touches it.
+        let out = unsafe { HostOut::new(&meta) }.unwrap();
+        // 1 + 2^-8 is halfway between bf16's 1 and 1 + 2^-7: to even (1); 1 + 3 * 2^-8
+        // is halfway between 1 + 2^-7 and 1 + 2^-6: to even (1 + 2^-6)
+        unsafe { out.write(0, 2, &[1.0f32 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8)]) };
+        unsafe { out.fill(1, 1, f64::NAN) };
+        assert_eq!(buf[0].to_f32(), 1.0);
+        assert!(buf[1].is_nan());
+        assert_eq!(buf[2].to_f32(), 1.0 + 2f32.powi(-6));
+        assert_eq!(buf[3].to_f32(), 0.0);
+        // an output must be compact host memory of a float dtype
+        let meta =
+            TensorMeta { strides: Some(vec![2]), ..TensorMeta::contiguous(0x10, &[4], DType::F32, Device::cpu()) };
+        assert!(matches!(unsafe { HostOut::new(&meta) }, Err(Error::Internal(_))));
     }
 
     #[test]
