@@ -326,11 +326,56 @@ fn run_as<R: Real>(p: &Problem, x: &Inputs, s: &Sequences, o: &Outputs, fla: boo
     let nv = (v + bv - 1) / bv;
     let tasks: Vec<(usize, i64, i64)> =
         (0..s.seqs.len()).flat_map(|i| (0..hv).flat_map(move |h| (0..nv).map(move |j| (i, h, j)))).collect();
-    tasks.par_iter().for_each(|&(i, h, j)| {
-        let v0 = j * bv;
-        let scan = Scan { p, x, o, nt: s.nt, fla, v0, bv: bv.min(v - v0) };
-        scan.run::<R>(i as i64, &s.seqs[i], h);
-    });
+    // One set of buffers per rayon work split, reused by its tasks (a packed batch of
+    // many short sequences has many tasks of one chunk each).
+    tasks.par_iter().for_each_init(
+        || Buffers::<R>::new(p.dims.k as usize, bv as usize, fla),
+        |buf, &(i, h, j)| {
+            let v0 = j * bv;
+            let scan = Scan { p, x, o, nt: s.nt, fla, v0, bv: bv.min(v - v0) };
+            scan.run::<R>(i as i64, &s.seqs[i], h, buf);
+        },
+    );
+}
+
+/// A task's working memory, for V tiles of at most `bv` columns: every buffer is
+/// written before it is read (b from dht or zeros at the task's start).
+struct Buffers<R> {
+    b: Vec<R>,
+    bk: Vec<R>,
+    kt: Vec<R>,
+    qt: Vec<R>,
+    wt: Vec<R>,
+    dot: Vec<R>,
+    dvt: Vec<R>,
+    dv2: Vec<R>,
+    dv2w: Vec<R>,
+    qd: Vec<R>,
+    wd: Vec<R>,
+    gt: Vec<R>,
+    gkl: Vec<R>,
+}
+
+impl<R: Real> Buffers<R> {
+    fn new(k: usize, bv: usize, fla: bool) -> Self {
+        let bt = BT as usize;
+        let z = |n: usize| vec![R::default(); n];
+        Buffers {
+            b: z(k * bv),
+            bk: z(if fla { k * bv } else { 0 }),
+            kt: z(bt * k),
+            qt: z(bt * k),
+            wt: z(bt * k),
+            dot: z(bt * bv),
+            dvt: z(bt * bv),
+            dv2: z(bt * bv),
+            dv2w: z(if fla { bt * bv } else { 0 }),
+            qd: z(k * bv),
+            wd: z(k * bv),
+            gt: z(bt),
+            gkl: z(k),
+        }
+    }
 }
 
 /// One task: the reverse scan of one (sequence, value head, V tile [v0, v0 + bv)).
@@ -363,16 +408,17 @@ impl Scan<'_> {
         }
     }
 
-    fn run<R: Real>(&self, n: i64, seq: &Seq, h: i64) {
+    fn run<R: Real>(&self, n: i64, seq: &Seq, h: i64, buf: &mut Buffers<R>) {
         let Dims { t: tt, h: hq_count, hv, k, v, .. } = self.p.dims;
         let (p, x, o) = (self.p, self.x, self.o);
         let hq = h / (hv / hq_count);
         let (ku, bv, v0) = (k as usize, self.bv as usize, self.v0);
-        let btu = BT as usize;
         let scale = R::of_f64(p.scale);
+        // Buffers hold tiles of the widest V tile: a narrower one uses their first
+        // elements, with its own row length bv.
+        let Buffers { b, bk, kt, qt, wt, dot, dvt, dv2, dv2w, qd, wd, gt, gkl } = buf;
 
         // b <- dht[n, h] (its [K, V] or [V, K] block), or zeros
-        let mut b = vec![R::default(); ku * bv];
         if let Some(dht) = &x.dht {
             for kk in 0..k {
                 let row = &mut b[kk as usize * bv..][..bv];
@@ -382,19 +428,9 @@ impl Scan<'_> {
                     dht.read(dht.offset(&[n, h, kk, v0]), dht.stride(3), row);
                 }
             }
+        } else {
+            b.fill(R::default());
         }
-        let mut bk = vec![R::default(); if self.fla { ku * bv } else { 0 }];
-        let mut kt = vec![R::default(); btu * ku];
-        let mut qt = vec![R::default(); btu * ku];
-        let mut wt = vec![R::default(); btu * ku];
-        let mut dot = vec![R::default(); btu * bv];
-        let mut dvt = vec![R::default(); btu * bv];
-        let mut dv2 = vec![R::default(); btu * bv];
-        let mut dv2w = vec![R::default(); if self.fla { btu * bv } else { 0 }];
-        let mut qd = vec![R::default(); ku * bv];
-        let mut wd = vec![R::default(); ku * bv];
-        let mut gt = vec![R::default(); btu];
-        let mut gkl = vec![R::default(); ku];
 
         let batch = seq.batch;
         let state = k * v;
@@ -407,7 +443,7 @@ impl Scan<'_> {
             let dh_base = ((batch * self.nt + seq.first_chunk + c) * hv + h) * state;
             // SAFETY: this (chunk row, head, V tile) block is this task's: sequences'
             // chunk rows are disjoint (Sequences), heads and V tiles split the rest.
-            unsafe { self.write_state(&o.dh, dh_base, &b) };
+            unsafe { self.write_state(&o.dh, dh_base, b) };
 
             // DV = k @ R_k(b); dv2 = gate * DV + dv
             for i in 0..l {
@@ -416,13 +452,13 @@ impl Scan<'_> {
                 x.dv.read(x.dv.offset(&[batch, t, h, v0]), x.dv.stride(3), &mut dvt[i * bv..][..bv]);
             }
             let b_k: &[R] = if self.fla {
-                bk.copy_from_slice(&b);
-                round_to(x.k.dtype(), &mut bk);
-                &bk
+                bk.copy_from_slice(b);
+                round_to(x.k.dtype(), bk);
+                bk
             } else {
-                &b
+                b
             };
-            matmul(l, ku, bv, &kt, false, b_k, &mut dv2);
+            matmul(l, ku, bv, kt, false, b_k, dv2);
             let g_last = if let Some(g) = &x.g {
                 for i in 0..l {
                     g.read(g.offset(&[batch, s + i as i64, h]), 1, &mut gt[i..i + 1]);
@@ -449,9 +485,9 @@ impl Scan<'_> {
             let dv2_w: &[R] = if self.fla {
                 dv2w[..l * bv].copy_from_slice(&dv2[..l * bv]);
                 round_to(x.w.dtype(), &mut dv2w[..l * bv]);
-                &dv2w
+                dv2w
             } else {
-                &dv2
+                dv2
             };
 
             // QD = (exp2(g) q)^T R_do(do); WD = w^T R_w(dv2)
@@ -470,32 +506,32 @@ impl Scan<'_> {
             if self.fla && x.g.is_none() {
                 round_to(x.q.dtype(), &mut dot[..l * bv]);
             }
-            matmul(ku, l, bv, &qt, true, &dot, &mut qd);
-            matmul(ku, l, bv, &wt, true, dv2_w, &mut wd);
+            matmul(ku, l, bv, qt, true, dot, qd);
+            matmul(ku, l, bv, wt, true, dv2_w, wd);
 
             // b = decay * b + (QD * scale - WD)
             if let Some(g_last) = g_last {
                 let decay = g_last.exp2();
-                for y in &mut b {
+                for y in b.iter_mut() {
                     *y = *y * decay;
                 }
             }
             if let Some(gk) = &x.gk {
-                gk.read(gk.offset(&[batch, e - 1, h, 0]), gk.stride(3), &mut gkl);
-                for (row, &gl) in b.chunks_exact_mut(bv).zip(&gkl) {
+                gk.read(gk.offset(&[batch, e - 1, h, 0]), gk.stride(3), gkl);
+                for (row, &gl) in b.chunks_exact_mut(bv).zip(gkl.iter()) {
                     let decay = gl.exp2();
                     for y in row {
                         *y = *y * decay;
                     }
                 }
             }
-            for ((y, &a), &w) in b.iter_mut().zip(&qd).zip(&wd) {
+            for ((y, &a), &w) in b.iter_mut().zip(qd.iter()).zip(wd.iter()) {
                 *y = *y + (a * scale - w);
             }
         }
         if let Some(dh0) = &o.dh0 {
             // SAFETY: (sequence, head, V tile) is this task's.
-            unsafe { self.write_state(dh0, (n * hv + h) * state, &b) };
+            unsafe { self.write_state(dh0, (n * hv + h) * state, b) };
         }
     }
 }
