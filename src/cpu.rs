@@ -111,20 +111,12 @@ impl Sequences {
     }
 
     /// The packed sequences of `cu` (cu_seqlens' values, N + 1 of them) in T = `d.t`
-    /// tokens, checked by `varlen::check_tables` with the caller's chunk_offsets (N or
-    /// N + 1 values; the kernels read N) and dh's chunk count `nt` (len(chunk_indices))
-    /// where given. NT is `nt`, else the total chunk count.
+    /// tokens, checked by `varlen::check_tables` with the caller's chunk_offsets (N + 1
+    /// values) where given and dh's chunk count `nt` (len(chunk_indices)) where given.
+    /// NT is `nt`, else the total chunk count.
     pub fn varlen(d: &Dims, cu: &[i64], chunk_offsets: Option<&[i64]>, nt: Option<i64>) -> Result<Sequences> {
         let n = cu.len().saturating_sub(1);
-        // N offsets (the first chunk of each sequence) completed with the end of the last
-        // sequence's chunks, which they imply: the checker takes N + 1. Where cu's last
-        // sequence is itself invalid, the checker reports cu_seqlens before this entry.
-        let completed = chunk_offsets.filter(|co| co.len() == n && n > 0).map(|co| {
-            let last_len = cu[n].checked_sub(cu[n - 1]).filter(|l| (0..=d.t).contains(l));
-            let end = last_len.map_or(co[n - 1], |l| co[n - 1].saturating_add(varlen::chunks(l)));
-            co.iter().copied().chain([end]).collect::<Vec<i64>>()
-        });
-        let offsets = varlen::check_tables(cu, d.t, completed.as_deref().or(chunk_offsets), nt)?;
+        let offsets = varlen::check_tables(cu, d.t, chunk_offsets, nt)?;
         let total = offsets[n];
         Ok(Sequences {
             seqs: (0..n)

@@ -97,17 +97,19 @@ pub fn validate_cpu(a: &CallArgs, mode: Mode) -> Result<CallDesc> {
     Ok(desc)
 }
 
-/// The sequences of a validated call, reading cu_seqlens and chunk_offsets (host
-/// memory, validated) and taking dh's chunk count from `nt` (len(chunk_indices)).
-fn sequences(a: &CallArgs, d: &CallDesc, nt: Option<i64>) -> Result<Sequences> {
+/// The sequences of a validated call, reading cu_seqlens and an N + 1 chunk_offsets
+/// table (host memory, validated; a table of N entries is not used, as on the CUDA path,
+/// where the kernel sums the chunk counts itself), dh's NT from len(chunk_indices) where
+/// given.
+fn sequences(a: &CallArgs, d: &CallDesc) -> Result<Sequences> {
     let Some(cu) = &a.cu_seqlens else { return Ok(Sequences::dense(&d.dims)) };
     // SAFETY: validated host tensors, read while the caller's objects hold them.
     let cu = unsafe { HostView::new(cu, "cu_seqlens")? }.read_indices();
-    let co = match &a.chunk_offsets {
-        Some(co) => Some(unsafe { HostView::new(co, "chunk_offsets")? }.read_indices()),
-        None => None,
+    let co = match (&a.chunk_offsets, d.chunk_offsets) {
+        (Some(co), Some(_)) => Some(unsafe { HostView::new(co, "chunk_offsets")? }.read_indices()),
+        _ => None,
     };
-    Sequences::varlen(&d.dims, &cu, co.as_deref(), nt)
+    Sequences::varlen(&d.dims, &cu, co.as_deref(), d.nt)
 }
 
 /// Input views of a validated host call.
@@ -128,20 +130,12 @@ unsafe fn inputs(a: &CallArgs) -> Result<cpu::Inputs> {
     })
 }
 
-/// len(chunk_indices) (only its length matters: it sizes dh's dim 1, as in fla).
-fn chunk_indices_len(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<i64>> {
-    let Some(o) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
-    o.len().map(|n| Some(n as i64)).map_err(|_| {
-        let got = o.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_default();
-        Error::type_("chunk_indices", format!("expected a tensor [NT, 2] (its length is dh's NT), got {got}"))
-    })
-}
-
 /// (dh, dh0 or None, dv2).
 type CpuOutputs<'py> = (Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Bound<'py, PyAny>);
 
 /// Stage 4 on the CPU, in `mode` ("float64" or "fla"): fla's arguments (read as
-/// `validate` reads them), outputs of the caller's kind: (dh, dh0 or None, dv2).
+/// `validate` reads them; with cu_seqlens, chunk_indices' length is dh's NT), outputs of
+/// the caller's kind: (dh, dh0 or None, dv2).
 /// `poison`: fill the outputs with NaN before the run (tests).
 #[pyfunction]
 #[pyo3(name = "cpu_bwd_dhu", signature = (mode, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, *, poison=false))]
@@ -182,21 +176,25 @@ pub(crate) fn py_cpu_bwd_dhu<'py>(
             &state_v_first,
             cu_seqlens,
             &chunk_size,
+            chunk_indices,
             chunk_offsets,
+            None,
         )?;
-        let desc = validate_cpu(&a, mode)?;
-        let nt = if a.cu_seqlens.is_some() { chunk_indices_len(chunk_indices)? } else { None };
-        let seqs = sequences(&a, &desc, nt)?;
+        let mut desc = validate_cpu(&a, mode)?;
+        let seqs = sequences(&a, &desc)?;
+        desc.nt = Some(seqs.nt);
         Ok((mode, a, desc, seqs))
     })?;
     let d = desc.dims;
     let (dh_dtype, dh0_dtype, dv2_dtype) = mode.output_dtypes(desc.qk_dtype, desc.dv_dtype);
-    let dh_shape = if desc.state_v_first { [d.b, seqs.nt, d.hv, d.v, d.k] } else { [d.b, seqs.nt, d.hv, d.k, d.v] };
-    let state_shape = if desc.state_v_first { [d.n, d.hv, d.v, d.k] } else { [d.n, d.hv, d.k, d.v] };
+    let shapes = desc.out_shapes().expect("NT is known");
     let kind = kind_of(q);
-    let (dh, dh_out) = alloc(py, kind, &dh_shape, dh_dtype, "dh")?;
-    let dh0 = if desc.has_h0 { Some(alloc(py, kind, &state_shape, dh0_dtype, "dh0")?) } else { None };
-    let (dv2, dv2_out) = alloc(py, kind, &[d.b, d.t, d.hv, d.v], dv2_dtype, "dv2")?;
+    let (dh, dh_out) = alloc(py, kind, &shapes.dh, dh_dtype, "dh")?;
+    let dh0 = match shapes.dh0 {
+        Some(shape) => Some(alloc(py, kind, &shape, dh0_dtype, "dh0")?),
+        None => None,
+    };
+    let (dv2, dv2_out) = alloc(py, kind, &shapes.dv2, dv2_dtype, "dv2")?;
     let (dh0, dh0_out) = match dh0 {
         Some((obj, out)) => (Some(obj), Some(out)),
         None => (None, None),

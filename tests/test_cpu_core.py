@@ -234,16 +234,16 @@ def test_repeated_runs_are_bitwise_identical(rng):
 def test_dense_padding_rows_and_long_chunk_tables(rng):
     """A padded packed batch: dv2's padding rows are zeros; fla's chunk_indices longer than
     the sequences' chunks (its graph mode) gives dh rows of zeros past them; chunk_offsets
-    with N or N + 1 entries."""
+    with N + 1 entries (checked) or N (not used, as on the CUDA path)."""
     lengths = [100, 30, 70]
     args = make_inputs(1, 320, 2, 2, 64, 64, BF16, "gk", varlen_lengths=lengths, generator=rng)
     chunks = [math.ceil(n / 64) for n in lengths]
     offsets = torch.tensor([0, 2, 3, 5])
     for mode in ("float64", "fla"):
         for co in (None, offsets, offsets[:-1]):
-            kw = dict(args, chunk_indices=torch.zeros(sum(chunks) + 4, 2, dtype=torch.long), chunk_offsets=co)
+            kw = dict(args, chunk_indices=torch.zeros(sum(chunks) + 2, 2, dtype=torch.long), chunk_offsets=co)
             dh, dh0, dv2 = _run(kw, mode)
-            assert dh.shape[1] == sum(chunks) + 4
+            assert dh.shape[1] == sum(chunks) + 2
             assert torch.count_nonzero(dh[:, sum(chunks) :]) == 0
             assert torch.count_nonzero(dv2[:, sum(lengths) :]) == 0
             ref = _reference(args, emulate_rounding=mode == "fla")
@@ -326,17 +326,24 @@ def test_valid_unusual_input_runs(make):
         ),
         ([0, 30, 70, 101], None, None, r"^cu_seqlens: expected cu_seqlens\[3\] <= T = 100, got 101$"),
         ([0, 30, 70, 100], [0, 1, 3, 4], None, r"^chunk_offsets: expected the chunk offsets of cu_seqlens"),
-        ([0, 30, 70, 100], [0, 2, 3], None, r"^chunk_offsets: expected the chunk offsets of cu_seqlens"),
+        ([0, 30, 70, 100], [1, 2, 3, 4], None, r"^chunk_offsets: expected the chunk offsets of cu_seqlens"),
         (
             [0, 30, 70, 100],
             None,
             2,
             r"^chunk_indices: expected at least as many rows as cu_seqlens has chunks",
         ),
+        (
+            [0, 30, 70, 100],
+            None,
+            5,
+            r"^chunk_indices: expected at most 4 rows \(chunks of 3 sequences in T=100",
+        ),
     ],
 )
 def test_packed_batch_tables_are_checked(cu, co, nt, match):
-    """cu_seqlens, chunk_offsets and chunk_indices values: src/varlen.rs's one checker."""
+    """cu_seqlens, chunk_offsets [N + 1] and chunk_indices values: src/varlen.rs's one
+    checker (and validation's bound on chunk_indices' length)."""
     kw = make_inputs(1, None, 1, 1, 16, 16, BF16, "gk", varlen_lengths=[30, 40, 30])
     kw["cu_seqlens"] = torch.tensor(cu)
     if co is not None:
@@ -354,8 +361,12 @@ def test_scalar_arguments_of_the_cpu_path():
         cpu_dhu(**kw, mode="fp32")
     with pytest.raises(ValueError, match=r"^chunk_size: the CPU path takes 64, got 128$"):
         cpu_dhu(**dict(kw, chunk_size=128))
-    with pytest.raises(TypeError, match=r"^chunk_indices: expected a tensor \[NT, 2\]"):
+    with pytest.raises(
+        TypeError, match=r"^chunk_indices: expected a tensor \(an object with __dlpack__\), got int$"
+    ):
         cpu_dhu(**dict(kw, cu_seqlens=torch.tensor([0, 64]), h0=None, dht=None, chunk_indices=5))
+    with pytest.raises(ValueError, match=r"^chunk_indices: expected shape \[NT, 2\]"):
+        cpu_dhu(**dict(kw, cu_seqlens=torch.tensor([0, 64]), h0=None, dht=None, chunk_indices=torch.zeros(1)))
     # without cu_seqlens chunk_indices and chunk_offsets are ignored, as in fla
     dh, _, _ = cpu_dhu(**dict(kw, chunk_indices=5, chunk_offsets="x"))
     assert dh.shape == (1, 1, 1, 16, 16)

@@ -226,7 +226,7 @@ def cpu_bwd_dhu(
     state_v_first: bool = False,
     cu_seqlens: Tensor | None = None,
     chunk_size: int = 64,
-    chunk_indices: Any = None,
+    chunk_indices: Tensor | None = None,
     chunk_offsets: Tensor | None = None,
     *,
     poison: bool = False,
@@ -235,9 +235,9 @@ def cpu_bwd_dhu(
 
     ``mode``: "fla" (fp32 arithmetic with fla's rounding points; dh in q's dtype, dh0
     float32, dv2 in dv's dtype) or "float64" (the exact recurrence; every output
-    float64, and float64 inputs taken). Arguments as ``validate`` takes them, plus
-    ``chunk_indices`` (with cu_seqlens only its length is used: dh's NT); chunk_size must
-    be 64. Every tensor in CPU memory. Outputs are torch tensors when q is a
+    float64, and float64 inputs taken). Arguments as ``validate`` takes them (with
+    cu_seqlens, chunk_indices' length is dh's NT; a chunk_offsets table of N entries is
+    not used); chunk_size must be 64. Every tensor in CPU memory. Outputs are torch tensors when q is a
     torch.Tensor, numpy arrays otherwise. ``poison``: fill the outputs with NaN before the
     run (tests). Raises as ``validate`` (the mode's dtypes), then ValueError for a tensor
     not in CPU memory, chunk_size != 64, an unknown mode, and cu_seqlens / chunk_offsets /

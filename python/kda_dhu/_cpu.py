@@ -83,10 +83,11 @@ def chunk_gated_delta_rule_bwd_dhu_cpu(
             or None (N = B). Tokens past cu_seqlens[-1] (a padded packed batch) are not
             read; their dv2 rows are zeros.
         chunk_size: 64 (fla's callers' chunk size; others raise ValueError).
-        chunk_indices: fla's [NT, 2] chunk table (with cu_seqlens); only its length is
-            used, as dh's NT. Rows of dh past the sequences' chunks are zeros.
-        chunk_offsets: fla's [N + 1] (or [N]) first chunk of each sequence (with
-            cu_seqlens), checked against cu_seqlens.
+        chunk_indices: fla's int [NT, 2] chunk table (with cu_seqlens); only its length
+            is used, as dh's NT. Rows of dh past the sequences' chunks are zeros.
+        chunk_offsets: fla's int [N + 1] first chunk of each sequence (with cu_seqlens),
+            checked against cu_seqlens; a table of N entries is not used (as on the CUDA
+            path: the chunks are counted from cu_seqlens).
         use_graph: fla's CUDA-graph buffers; ignored on the CPU.
         mode: "fla" (fla's precision) or "float64" (the reference arithmetic); see the
             module docstring.

@@ -157,8 +157,6 @@ struct Case {
     lens: Option<Vec<i64>>,
     /// rows of dh past the chunks (fla's chunk_indices longer than the chunks)
     extra_nt: i64,
-    /// pass chunk_offsets with N entries (fla passes N + 1)
-    offsets_n: bool,
     /// store q and dht transposed in memory (strided views)
     strided: bool,
 }
@@ -180,7 +178,6 @@ impl Case {
             svf: false,
             lens: None,
             extra_nt: 0,
-            offsets_n: false,
             strided: false,
         }
     }
@@ -257,9 +254,6 @@ fn sequences_of(c: &Case) -> Sequences {
                 let mut co = vec![0];
                 for &l in c.lens.as_ref().unwrap() {
                     co.push(co.last().unwrap() + varlen::chunks(l));
-                }
-                if c.offsets_n {
-                    co.pop();
                 }
                 co
             };
@@ -474,7 +468,6 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("varlen empty sequences", Case::varlen(&[0, 70, 0, 3], 0, Gate::Gk)),
         ("varlen padded", Case::varlen(&[30, 100], 37, Gate::Gk)),
         ("varlen chunk_indices longer", Case { extra_nt: 3, ..Case::varlen(&[5, 64, 66], 10, Gate::G) }),
-        ("varlen chunk_offsets [N]", Case { offsets_n: true, ..Case::varlen(&[5, 64, 66], 0, Gate::None) }),
         ("varlen state_v_first", Case { svf: true, ..Case::varlen(&[1, 63, 65, 128], 0, Gate::Gk) }),
     ]
 }
@@ -580,21 +573,20 @@ fn varlen_tables_are_checked_by_the_one_checker() {
     assert_eq!(ok.nt, 3);
     assert_eq!(ok.covered_tokens, 133);
     assert_eq!(ok.seqs[2], Seq { batch: 0, bos: 69, len: 64, first_chunk: 2 });
-    // chunk_offsets with N entries: checked as the N + 1 they imply
-    assert_eq!(Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 1, 2]), None).unwrap(), ok);
+    // chunk_offsets [N + 1], checked against cu_seqlens
     assert_eq!(Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 1, 2, 3]), None).unwrap(), ok);
-    let e = Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 1, 3]), None).unwrap_err();
+    let e = Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 1, 3, 4]), None).unwrap_err();
     assert!(e.to_string().contains("got chunk_offsets[1] = 1, chunk_offsets[2] = 3"), "{e}");
-    let e = Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 2, 3]), None).unwrap_err();
+    let e = Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 2, 3, 4]), None).unwrap_err();
     assert!(e.to_string().starts_with("chunk_offsets: expected the chunk offsets of cu_seqlens"), "{e}");
     assert!(e.to_string().contains("chunk_offsets[0] = 0, chunk_offsets[1] = 2"), "{e}");
-    let e = Sequences::varlen(&dims, &[0, 5, 69, 233], Some(&[0, 1, 2]), None).unwrap_err();
+    let e = Sequences::varlen(&dims, &[0, 5, 69, 233], Some(&[0, 1, 2, 3]), None).unwrap_err();
     assert_eq!(e.to_string(), "cu_seqlens: expected cu_seqlens[3] <= T = 200, got 233");
     let e = Sequences::varlen(&dims, &[0, 5, 69, 133], None, Some(2)).unwrap_err();
     assert!(e.to_string().starts_with("chunk_indices: expected at least as many rows"), "{e}");
     let e = Sequences::varlen(&dims, &[1, 5, 69, 133], None, None).unwrap_err();
     assert_eq!(e.to_string(), "cu_seqlens: expected cu_seqlens[0] == 0, got 1");
     // overflow-sized values are errors, not panics
-    assert!(Sequences::varlen(&dims, &[0, 5, i64::MIN, 133], Some(&[0, 1, 2]), None).is_err());
-    assert!(Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 1, i64::MAX]), None).is_err());
+    assert!(Sequences::varlen(&dims, &[0, 5, i64::MIN, 133], Some(&[0, 1, 2, 3]), None).is_err());
+    assert!(Sequences::varlen(&dims, &[0, 5, 69, 133], Some(&[0, 1, 2, i64::MAX]), None).is_err());
 }
