@@ -15,6 +15,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod abi;
+pub mod cpu;
 pub mod driver;
 pub mod env;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod launch;
 pub mod plan;
 #[cfg(test)]
 mod ptxas;
+mod py_cpu;
 pub mod tensor;
 pub mod tma;
 pub mod validate;
@@ -760,6 +762,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_arch, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(py_cpu::py_cpu_bwd_dhu, m)?)?;
     m.add("MIN_CTAS_EXTENDED", plan::MIN_CTAS_EXTENDED)?;
     m.add("MIN_CTAS_B2A", plan::MIN_CTAS_B2A)?;
     m.add("TMA_CACHE_CAPACITY", tma::TMA_CACHE_CAPACITY)?;
