@@ -15,6 +15,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod abi;
+pub mod cpu;
 pub mod driver;
 pub mod env;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod launch;
 pub mod plan;
 #[cfg(test)]
 mod ptxas;
+mod py_cpu;
 pub mod tensor;
 pub mod tma;
 pub mod validate;
@@ -596,7 +598,8 @@ fn current_stream(py: Python<'_>, ordinal: i32) -> PyResult<u64> {
 /// torch's current stream of the inputs' device. Returns (dh, dh0 or None, dv2), or None
 /// where the caller must take the general path (a fallback or another architecture, an
 /// input to copy, a packed batch without chunk_indices, KDA_DHU_FORCE or
-/// KDA_DHU_CHECK_INPUTS set, or a tensor argument that is not a plain torch.Tensor).
+/// KDA_DHU_CHECK_INPUTS set, a tensor argument that is not a plain torch.Tensor, or
+/// q in host memory: the CPU path).
 /// Raises as `prepare` for invalid input. Does not synchronize.
 #[pyfunction]
 #[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None))]
@@ -650,9 +653,17 @@ fn py_run<'py>(
             chunk_offsets,
             None,
         )?;
-        launch::Prepared::new(a, rule)
-    })?;
-    run_prepared(py, &call, &plan, q, dv)
+        if a.q.device.is_host() {
+            validate::validate(&a, false)?; // bad input named here, as on the GPU
+            return Ok(None); // the CPU path (the general path routes it)
+        }
+        launch::Prepared::new(a, rule).map(Some)
+    })?
+    .map_or((None, None), |(c, p)| (Some(c), Some(p)));
+    match (call, plan) {
+        (Some(call), Some(plan)) => run_prepared(py, &call, &plan, q, dv),
+        _ => Ok(None),
+    }
 }
 
 /// Checks a packed batch's tables on the host (`src/varlen.rs`, the one checker): cu_seqlens
@@ -686,6 +697,18 @@ fn force() -> PyResult<Option<&'static str>> {
 #[pyfunction]
 fn launch_count() -> u64 {
     launch::launch_count()
+}
+
+/// The value of the environment switch `name` (trimmed, lower-cased; None when unset: absent,
+/// "", "0" or "auto"). ValueError for a name that is not one of kda-dhu's switches.
+#[pyfunction]
+fn switch(name: &str) -> PyResult<Option<String>> {
+    guard(|| {
+        if !env::SWITCHES.iter().any(|&(n, _)| n == name) {
+            return Err(Error::value("name", format!("expected one of kda-dhu's switches (src/env.rs), got {name:?}")));
+        }
+        Ok(env::value(name))
+    })
 }
 
 /// Every environment switch: [(name, meaning, current value or None)].
@@ -772,6 +795,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_input_errors, m)?)?;
     m.add_function(wrap_pyfunction!(force, m)?)?;
     m.add_function(wrap_pyfunction!(switches, m)?)?;
+    m.add_function(wrap_pyfunction!(switch, m)?)?;
     m.add_function(wrap_pyfunction!(launch_count, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
@@ -787,6 +811,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_image, m)?)?;
     m.add("KernelUnavailableError", m.py().get_type::<KernelUnavailableError>())?;
     m.add("UNAVAILABLE_PREFIX", error::UNAVAILABLE_PREFIX)?;
+    m.add_function(wrap_pyfunction!(py_cpu::py_cpu_bwd_dhu, m)?)?;
     m.add("MIN_CTAS_EXTENDED", plan::MIN_CTAS_EXTENDED)?;
     m.add("MIN_CTAS_B2A", plan::MIN_CTAS_B2A)?;
     m.add("TMA_CACHE_CAPACITY", tma::TMA_CACHE_CAPACITY)?;

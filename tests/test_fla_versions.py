@@ -143,6 +143,7 @@ _CHILD = """
     # function with what that fla takes (KDA_DHU_FORCE=fla keeps the one-crossing path out;
     # the verdict is a stand-in: the real one needs CUDA tensors)
     _dispatch._decide = lambda rule, c: (False, "stand-in verdict", None, c)
+    _dispatch._on_cpu = lambda q: False  # CPU tensors stand in for CUDA ones
     a = make_inputs(1, 100, 2, 2, 64, 64, torch.bfloat16, "gk")
     results = [sys.modules[n].chunk_gated_delta_rule_bwd_dhu(**a) for n in out["patched_modules"]]
     out["results"] = sorted(set(results))

@@ -164,6 +164,7 @@ def _stand_ins(monkeypatch, call, force=None):
     monkeypatch.setattr(_dispatch, "_core", _Core(call, force))
     monkeypatch.setattr(_dispatch, "fla_function", lambda: fla)
     monkeypatch.setattr(_dispatch, "_current_stream", lambda q: 0)
+    monkeypatch.setattr(_dispatch, "_on_cpu", lambda q: False)  # the stand-in device is a GPU
     monkeypatch.delenv("KDA_DHU_FORCE", raising=False)
     return fla
 
