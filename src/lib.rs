@@ -661,7 +661,7 @@ fn check_tables(cu_seqlens: Vec<i64>, t: i64, chunk_offsets: Option<Vec<i64>>, n
 /// found since the last look, once. Does not synchronize.
 #[pyfunction]
 fn check_input_errors(ordinal: i32) -> PyResult<()> {
-    guard(|| launch::check_input_errors(ordinal, -1, -1))
+    guard(|| launch::check_input_errors(ordinal))
 }
 
 /// KDA_DHU_FORCE: None, "kernel" or "fla"; raises ValueError for another value.
