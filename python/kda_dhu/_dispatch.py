@@ -543,7 +543,17 @@ def chunk_gated_delta_rule_bwd_dhu(
                 return run_fla() if out is None else out
 
             def signature():
-                return signature_of(q, k, w, do, dv, g, gk, h0, dht, cu_seqlens, entry="extended")
+                return signature_of(
+                    "extended",
+                    q,
+                    do,
+                    g=g,
+                    gk=gk,
+                    h0=h0,
+                    dht=dht,
+                    state_v_first=state_v_first,
+                    cu_seqlens=cu_seqlens,
+                )
 
             return _guarded(reason, signature, run_kernel, run_fla)
     return run_fla()
@@ -587,7 +597,7 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
                 )
 
             def signature():
-                return signature_of(qg, kg, w, do, dv, g2, h0, dht, entry="b2a")
+                return signature_of("b2a", qg, do, gk=g2, h0=h0, dht=dht)
 
             return _guarded(reason, signature, run_kernel, run_fla)
     return run_fla()

@@ -238,20 +238,21 @@ def naive_bwd_dhu(
 # and count what the dispatcher did.
 
 
-def run_kernel(args: dict, poison: bool = False):
+def run_kernel(args: dict, poison: bool = False, rule: str = "capable"):
     """kda-dhu's kernel on a call's keyword arguments (``make_inputs``' dict), whatever the
-    extended rule would choose: the planner's "capable" rule, on the inputs' device.
+    extended rule would choose: the planner's "capable" rule (or ``rule``: "extended",
+    "b2a"), on the inputs' device.
 
     Returns (dh, dh0, dv2). ``poison``: every output is filled with NaN first, so that an
     element the kernel does not write stays NaN. Raises RuntimeError (with the planner's
-    reason) where the kernel cannot compute the call, and what validation raises.
+    reason) where the rule sends the call to fla, and what validation raises.
     """
     from . import _dispatch
 
     a = args
     with _dispatch._device_ctx(a["q"]):
         ok, reason, call = _dispatch._prepare(
-            "capable",
+            rule,
             a["q"],
             a["k"],
             a["w"],
