@@ -12,6 +12,8 @@ Public API:
 
 Environment:
     KDA_DHU_FORCE=kernel|fla   force a path, for debugging
+    KDA_DHU_SM100=check|wait|on|off  the Blackwell kernel's check (see _selfcheck)
+    KDA_DHU_CACHE_DIR          where its verdicts are kept (else $XDG_CACHE_HOME/kda_dhu, ~/.cache/kda_dhu)
     FLA_KDA_DHU=0              switch the fla backend off, as fla's own backends are
     KDA_DHU_NO_AUTOREGISTER=1  do not register with fla on import
 """

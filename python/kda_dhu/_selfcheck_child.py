@@ -205,7 +205,7 @@ class Check:
 
     def setup(self) -> None:
         from . import _dispatch
-        from .testing import run_kernel  # noqa: F401 - imported before the kernel phase
+        from .testing import plan
 
         if not torch.cuda.is_available():
             raise RuntimeError("the check process sees no CUDA device")
@@ -213,14 +213,14 @@ class Check:
         torch.cuda.set_device(device)
         gen = torch.Generator().manual_seed(zlib.crc32(self.sig.key().encode()))
         a = self.args = inputs_for(self.sig, device, gen)
-        if self.sig.entry == "b2a":
-            ok, reason = _dispatch.plan_b2a(
-                a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], BT
-            )
-        else:
-            ok, reason = _dispatch.plan_call(**a)
-        self.rule = RULES[self.sig.entry] if ok else "capable"
-        self.plan = reason if ok else f"capable rule ({self.sig.entry} rule: {reason})"
+        rule = RULES[self.sig.entry]
+        ok, reason = plan(a, rule)
+        self.rule, self.plan = rule, reason
+        if not ok:  # the parent planned the kernel; here (a stand-in GPU) the rule may not
+            ok, capable = plan(a, "capable")
+            if not ok:
+                raise RuntimeError(f"the kernel cannot run this signature: {capable}")
+            self.rule, self.plan = "capable", f"{capable} (capable rule; the {rule} rule: {reason})"
         self.fla = _dispatch.fla_function()(**a)
         torch.cuda.synchronize()
         self.pairs = sample_pairs(self.sig, gen)

@@ -238,20 +238,13 @@ def naive_bwd_dhu(
 # and count what the dispatcher did.
 
 
-def run_kernel(args: dict, poison: bool = False, rule: str = "capable"):
-    """kda-dhu's kernel on a call's keyword arguments (``make_inputs``' dict), whatever the
-    extended rule would choose: the planner's "capable" rule (or ``rule``: "extended",
-    "b2a"), on the inputs' device.
-
-    Returns (dh, dh0, dv2). ``poison``: every output is filled with NaN first, so that an
-    element the kernel does not write stays NaN. Raises RuntimeError (with the planner's
-    reason) where the rule sends the call to fla, and what validation raises.
-    """
+def _prepare(args: dict, rule: str):
+    """The planner's (use_kernel, reason, prepared call) for a ``make_inputs`` dict."""
     from . import _dispatch
 
     a = args
     with _dispatch._device_ctx(a["q"]):
-        ok, reason, call = _dispatch._prepare(
+        return _dispatch._prepare(
             rule,
             a["q"],
             a["k"],
@@ -268,8 +261,32 @@ def run_kernel(args: dict, poison: bool = False, rule: str = "capable"):
             a.get("chunk_size", 64),
             None,
         )
-        if not ok:
-            raise RuntimeError(f"the kernel cannot run this call: {reason}")
+
+
+def plan(args: dict, rule: str = "capable") -> tuple[bool, str]:
+    """The planner's verdict (use_kernel, reason) on a call's keyword arguments
+    (``make_inputs``' dict) under ``rule`` ("capable", "extended", "b2a"). Raises what
+    validation raises."""
+    ok, reason, _ = _prepare(args, rule)
+    return ok, reason
+
+
+def run_kernel(args: dict, poison: bool = False, rule: str = "capable"):
+    """kda-dhu's kernel on a call's keyword arguments (``make_inputs``' dict), whatever the
+    extended rule would choose: the planner's "capable" rule (or ``rule``: "extended",
+    "b2a"), on the inputs' device.
+
+    Returns (dh, dh0, dv2). ``poison``: every output is filled with NaN first, so that an
+    element the kernel does not write stays NaN. Raises RuntimeError (with the planner's
+    reason) where the rule sends the call to fla, and what validation raises.
+    """
+    from . import _dispatch
+
+    a = args
+    ok, reason, call = _prepare(a, rule)
+    if not ok:
+        raise RuntimeError(f"the kernel cannot run this call: {reason}")
+    with _dispatch._device_ctx(a["q"]):
         return _dispatch._run_kernel(
             a["q"],
             a["k"],
