@@ -497,6 +497,25 @@ def test_a_killed_lock_holder_does_not_block_the_others(tmp_path):
     assert v.passed and time.monotonic() - start < 15
 
 
+def _forked_wait(chk):
+    v = chk.wait(SIG, timeout=60)
+    os._exit(0 if v is not None and v.passed else 1)
+
+
+def test_a_forked_process_asks_again_for_a_check_in_flight(tmp_path):
+    """A process forked while its parent's check is in flight (a data loader's worker) has
+    no worker thread: it asks for the check itself (and reads the parent's verdict)."""
+    slow = child("time.sleep(1.0)\n" + textwrap.dedent(_result_body(GOOD)))
+    chk = _check(tmp_path, slow)
+    assert chk.run(SIG, _never, Counter(_outs(1))) is not None  # in flight, in the background
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=_forked_wait, args=(chk,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert chk.wait(SIG, timeout=60).passed and chk.children_started == 1
+
+
 # ----------------------------------------------------------------------------- switches
 
 

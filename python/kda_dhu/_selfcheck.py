@@ -62,6 +62,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -84,12 +85,12 @@ REPORT_PREFIX = "@kda_dhu_selfcheck "
 PHASES = ("setup", "kernel", "compare")
 
 
-@dataclass(frozen=True)
-class Signature:
+class Signature(NamedTuple):
     """What a check covers: an entry point and the shapes, dtype and optional inputs of a
     call. ``N`` is the number of sequences of a varlen call (cu_seqlens given), else None.
     ``device`` (the CUDA device index the call ran on) tells the check where to run; it
-    is not part of ``key()``: one verdict serves every device of the same GPU model."""
+    is not part of ``key()``: one verdict on disk serves every device of a GPU model.
+    (A tuple: built and hashed on every guarded call, in well under a microsecond.)"""
 
     entry: str
     B: int
@@ -120,7 +121,7 @@ class Signature:
 
     def to_json(self) -> dict:
         """The fields of ``key()`` as a dict (no device)."""
-        d = asdict(self)
+        d = self._asdict()
         del d["device"]
         return d
 
@@ -129,14 +130,19 @@ class Signature:
         return cls(**d, device=device)
 
 
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
 def _dtype_name(dtype) -> str:
-    return str(dtype).rsplit(".", 1)[-1]
+    name = _DTYPE_NAMES.get(dtype)
+    return name if name is not None else str(dtype).rsplit(".", 1)[-1]
 
 
 def _device_index(x) -> int | None:
     """The CUDA device index of a tensor (torch, or any DLPack producer), or None."""
-    if isinstance(x, torch.Tensor):
-        return x.get_device() if x.is_cuda else None
+    if type(x) is torch.Tensor or isinstance(x, torch.Tensor):
+        index = x.get_device()  # -1 on the CPU
+        return index if index >= 0 else None
     try:
         kind, index = x.__dlpack_device__()
     except Exception:  # noqa: BLE001 - not a DLPack producer: no device to name
@@ -151,16 +157,16 @@ def signature_of(
     ([B, T, H, K]), HV, V from do ([B, T, HV, V]), q's dtype, which of g, gk, h0, dht
     are given, state_v_first, the number of sequences of cu_seqlens ([N + 1]), and
     q's device."""
-    B, T, H, K = (int(x) for x in q.shape)
-    HV, V = int(do.shape[2]), int(do.shape[3])
+    B, T, H, K = q.shape
+    _, _, HV, V = do.shape
     return Signature(
         entry,
-        B,
-        T,
-        H,
-        HV,
-        K,
-        V,
+        int(B),
+        int(T),
+        int(H),
+        int(HV),
+        int(K),
+        int(V),
         _dtype_name(q.dtype),
         g is not None,
         gk is not None,
