@@ -516,6 +516,36 @@ def test_a_forked_process_asks_again_for_a_check_in_flight(tmp_path):
     assert chk.wait(SIG, timeout=60).passed and chk.children_started == 1
 
 
+def test_a_fork_waits_while_a_check_process_is_being_started(tmp_path, monkeypatch):
+    """A process forked while Popen starts the check process would hold the pipe through
+    which Popen learns that the exec succeeded, and Popen would wait for it to exit (a
+    persistent data loader worker: the whole run). Forks wait for Popen instead."""
+    import subprocess
+    import threading
+
+    import kda_dhu._selfcheck as selfcheck
+
+    real_popen, in_popen, done = subprocess.Popen, threading.Event(), []
+
+    def slow_popen(*a, **k):
+        in_popen.set()
+        time.sleep(0.5)
+        proc = real_popen(*a, **k)
+        done.append(time.monotonic())
+        return proc
+
+    monkeypatch.setattr(selfcheck.subprocess, "Popen", slow_popen)
+    chk = _check(tmp_path, PASSES)
+    chk.run(SIG, _never, Counter(_outs(1)))
+    assert in_popen.wait(30)
+    p = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
+    p.start()
+    forked_at = time.monotonic()
+    p.join(30)
+    assert done and forked_at >= done[0]
+    assert chk.wait(SIG, timeout=60).passed
+
+
 # ----------------------------------------------------------------------------- switches
 
 

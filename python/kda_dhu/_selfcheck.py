@@ -338,6 +338,13 @@ def _tail(f, n: int = 4000) -> str:
         return ""
 
 
+# Held while a check process is being started, and by os.fork (register_at_fork): a process
+# forked meanwhile (a data loader's worker) would inherit the write end of the pipe through
+# which subprocess learns that the exec succeeded, and Popen would wait for that process
+# to exit (for the whole training run, with persistent workers), holding the cache's lock.
+_spawn_lock = threading.RLock()
+
+
 def supervise(argv: list[str], request: dict, limits: Limits, *, log_path=None, env=None) -> dict:
     """Runs one check process and watches it; returns what happened.
 
@@ -358,14 +365,15 @@ def supervise(argv: list[str], request: dict, limits: Limits, *, log_path=None, 
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "w+b") if log_path else tempfile.TemporaryFile())
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=env,
-                start_new_session=(os.name == "posix"),
-            )
+            with _spawn_lock:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=env,
+                    start_new_session=(os.name == "posix"),
+                )
         except OSError as e:
             report.update(spawn_error=f"{type(e).__name__}: {e}", elapsed=0.0, log_tail="")
             return report
@@ -468,13 +476,25 @@ def classify(report: dict, limits: Limits, signature: Signature) -> tuple[str, s
 _instances: weakref.WeakSet = weakref.WeakSet()
 
 
-def _after_fork() -> None:
+def _before_fork() -> None:
+    _spawn_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _spawn_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _spawn_lock
+    _spawn_lock = threading.RLock()
     for chk in list(_instances):
         chk._reset_after_fork()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
 
 
 class SelfCheck:

@@ -7,7 +7,7 @@ NVIDIA driver's version, ``<build>`` kda_dhu's version and a hash of its compile
 extension (which holds the kernel images). A new driver, a new GPU model or a rebuilt
 kda_dhu starts from no verdicts. Files are written atomically (a temporary file in the
 same folder, then ``os.replace``): a reader sees the old file, the new one or none, never
-a partial one. One lock file per folder (``.lock``, ``filelock``: an ``flock`` the
+a partial one. One lock file per folder (``.lock``, an fcntl record lock that the
 operating system releases when its holder exits, however it exits) makes the processes
 of a node check one at a time, so that eight ranks starting together run one check.
 """
@@ -15,12 +15,19 @@ of a node check one at a time, so that eight ranks starting together run one che
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import tempfile
+import threading
 import time
+
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None
 
 CACHE_ENV = "KDA_DHU_CACHE_DIR"
 FORMAT = 1  # the record's layout; a record of another format is ignored (checked again)
@@ -164,22 +171,61 @@ class VerdictStore:
 
     @contextlib.contextmanager
     def locked(self, timeout: float):
-        """Holds the folder's lock (one check at a time among all processes); raises
-        TimeoutError after ``timeout`` seconds of waiting. The lock is an ``flock`` the
-        operating system releases when its holder exits, killed or not: a crashed
-        holder never blocks the others."""
-        import filelock
+        """Holds the folder's lock (one check at a time among all processes and threads);
+        raises TimeoutError after ``timeout`` seconds of waiting.
 
+        An fcntl record lock (``lockf``) on ``.lock``: the operating system releases it
+        when its holder exits, killed or not, so a crashed holder never blocks the
+        others; and a forked process (a data loader's worker) does not inherit it. Such
+        locks do not exclude the threads of one process from each other, so a
+        per-process lock does that. Without fcntl (not POSIX) only the latter applies.
+        """
         self.ensure()
-        lock = filelock.FileLock(os.path.join(self.dir, ".lock"), timeout=timeout)
+        path = os.path.join(self.dir, ".lock")
         start = time.monotonic()
+        deadline = start + timeout
+
+        def timed_out():
+            return TimeoutError(f"another process held {path} for {time.monotonic() - start:.0f} s")
+
+        in_process = _thread_lock(path)
+        if not in_process.acquire(timeout=max(0.0, timeout)):
+            raise timed_out()
         try:
-            lock.acquire()
-        except filelock.Timeout:
-            raise TimeoutError(
-                f"another process held {os.path.join(self.dir, '.lock')} for {time.monotonic() - start:.0f} s"
-            ) from None
-        try:
-            yield
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                while fcntl is not None:
+                    try:
+                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except OSError as e:
+                        if e.errno not in (errno.EACCES, errno.EAGAIN):
+                            raise
+                    if time.monotonic() >= deadline:
+                        raise timed_out()
+                    time.sleep(0.05)
+                yield
+            finally:
+                os.close(fd)  # releases the record lock
         finally:
-            lock.release()
+            in_process.release()
+
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+def _thread_lock(path: str) -> threading.Lock:
+    with _thread_locks_guard:
+        return _thread_locks.setdefault(path, threading.Lock())
+
+
+def _fresh_thread_locks() -> None:
+    """After a fork: the parent's threads (which may have held these) are not here."""
+    global _thread_locks_guard
+    _thread_locks.clear()
+    _thread_locks_guard = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_thread_locks)
