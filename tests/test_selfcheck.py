@@ -474,6 +474,23 @@ def test_concurrent_processes_run_one_check(tmp_path):
     assert open(counter).read() == "ran\n"  # exactly one check among the six
 
 
+def test_concurrent_threads_run_one_check(tmp_path):
+    """Record locks do not exclude a process's threads from each other: the per-process
+    lock does (separate guards in one process, one cache)."""
+    from helpers import run_in_threads
+
+    counter = str(tmp_path / "runs")
+    body = textwrap.dedent(f"""
+        with open({counter!r}, "a") as f:
+            f.write("ran\\n")
+        time.sleep(0.5)
+    """) + textwrap.dedent(_result_body(GOOD))
+    verdicts = []
+    run_in_threads(lambda i: verdicts.append(_check(tmp_path, child(body)).check_now(SIG)), 4)
+    assert [v.outcome for v in verdicts] == ["pass"] * 4
+    assert open(counter).read() == "ran\n"
+
+
 def _hold_lock(cache_dir, ready):
     store = VerdictStore(cache_dir, "sm_100a", IDENTITY)
     with store.locked(10):
