@@ -10,8 +10,8 @@ the call's shape signature (``Signature``):
 * The first call of a signature asks for a check and returns fla's result. The check runs
   in the background (one worker thread per process, one check process at a time): a child
   process, started with the same Python, draws random inputs of that signature on the
-  same device (``kda_dhu.testing.make_inputs``), runs fla and the float64 reference on a
-  sample of (sequence, head) pairs, then the kernel (the planner's rule for the entry,
+  same device (``kda_dhu.testing.make_inputs``), runs fla, and the float64 reference on
+  a sample of (sequence, head) pairs, then the kernel (the planner's rule for the entry,
   outputs poisoned with NaN), and reports measurements that this process judges against
   SPEC.md's bar (``judge``). Calls of that signature use fla until the verdict arrives,
   and the kernel from then on if it passed. A training rank never blocks on a check:
@@ -26,7 +26,9 @@ the call's shape signature (``Signature``):
   that signature with one warning that names the reason and the verdict file; and
   ``inconclusive`` (the check could not get as far as the kernel: out of memory, setup
   too slow, no CUDA in the child, another process holding the lock too long), which
-  uses fla and is tried again after ``Limits.retry`` seconds.
+  uses fla and is tried again after ``Limits.retry`` seconds. The child needs a CUDA
+  context and about twice the call's tensors on the job's GPU; on a GPU in
+  exclusive-process mode it cannot start one, and the kernel stays off.
 * Verdicts are kept on disk (``kda_dhu._selfcheck_cache``: per GPU model, driver, kda_dhu
   build and signature, under ``$KDA_DHU_CACHE_DIR`` or ``$XDG_CACHE_HOME/kda_dhu`` or
   ``~/.cache/kda_dhu``), written atomically, and a lock file makes the processes of a
@@ -42,7 +44,10 @@ What the check cannot see: it runs one draw of random inputs per signature; a ke
 that only other data triggers (other values, other sequence lengths of a varlen batch of
 the same size and count) passes. It samples the float64 reference on a few (sequence,
 head) pairs and compares every element with fla's output only to a loose tolerance.
-Once a signature has passed, later calls are not compared with anything.
+Once a signature has passed, later calls are not compared with anything. In the default
+mode a run switches from fla's results to the kernel's (equal to rounding, not bitwise)
+at a call that depends on timing, on each rank separately; ``wait``, ``on`` and ``off``
+make the switch reproducible.
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ class Signature(NamedTuple):
 
     @classmethod
     def from_json(cls, d: dict, device: int | None = None) -> Signature:
+        """The signature ``to_json`` gave, on ``device``."""
         return cls(**d, device=device)
 
 
@@ -209,6 +215,7 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
+        """Whether the kernel may run for this signature."""
         return self.outcome == "pass"
 
 

@@ -251,6 +251,7 @@ class Check:
 
 
 def main() -> int:
+    """Reads the request, runs the phases, reports; 0 when a result was reported."""
     report = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes to stderr
 
