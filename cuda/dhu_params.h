@@ -18,6 +18,12 @@
 // Rows past T read as zeros and are clipped on store (TMA's bounds), so a short
 // last chunk of a dense batch needs no masking. With cu_seqlens (B == 1) the rows
 // past a sequence's end belong to the next sequence: the kernel masks them itself.
+//
+// Packed batches (FLAG_VARLEN): cu_seqlens and chunk_offsets are read on the device only
+// (no call synchronizes the host), int32 or int64 as the caller made them. Every CTA
+// checks its own sequence's entries before it loads or stores anything (the conditions
+// and their messages: src/varlen.rs); a CTA whose sequence fails writes NaN to its
+// outputs where they have bounds, stores nothing else, and reports through `error`.
 #pragma once
 
 #include <stdint.h>
@@ -30,7 +36,28 @@ enum DhuFlags : uint32_t {
   FLAG_GK = 1u << 1,         // per-K gate gk [B, T, HV, K] fp32 present
   FLAG_DHT = 1u << 2,        // dht present (else b starts at zero)
   FLAG_DH0 = 1u << 3,        // dh0 wanted (h0 was given)
-  FLAG_VARLEN = 1u << 4,     // cu_seqlens / chunk_offsets present, B == 1
+  FLAG_VARLEN = 1u << 4,     // cu_seqlens present, B == 1
+  FLAG_CU_I32 = 1u << 5,     // cu_seqlens is int32 (else int64)
+  FLAG_OFFSETS_I32 = 1u << 6,  // chunk_offsets is int32 (else int64)
+};
+
+// Input errors found on the device (packed batches), in host-mapped pinned memory, one
+// record per device. A CTA claims it (claim 0 -> 1; the first error wins), writes the
+// details, then `code`; the host reads `code`, then the details, and clears both.
+enum DhuErrorCode : uint32_t {
+  DHU_ERR_FIRST_OFFSET = 1,  // cu_seqlens[0] = a != 0
+  DHU_ERR_DECREASING = 2,    // cu_seqlens[seq] = a > cu_seqlens[seq + 1] = b, or a < 0
+  DHU_ERR_PAST_T = 3,        // cu_seqlens[seq + 1] = a > T
+  DHU_ERR_OFFSETS = 4,       // chunk_offsets[seq], [seq + 1] = a, b: not sequence seq's chunks
+  DHU_ERR_PAST_NT = 5,       // sequence seq's chunks [a, a + b) pass dh's NT rows
+};
+
+struct DhuError {
+  uint32_t code;   // DhuErrorCode, 0 while none
+  uint32_t claim;  // 1 once a CTA has claimed the record
+  int64_t seq;
+  int64_t a;
+  int64_t b;
 };
 
 struct alignas(128) DhuParams {
@@ -45,17 +72,20 @@ struct alignas(128) DhuParams {
   const float* gk;                // [B, T, HV, K] contiguous, or null
   const float* dht;               // [N, HV, K, V] ([N, HV, V, K] with state_v_first), or null
   float* dh0;                     // shaped like dht, contiguous, or null
-  const int64_t* cu_seqlens;      // [N + 1], or null
-  const int64_t* chunk_offsets;   // [N]: first chunk of sequence n in dh, or null
+  const void* cu_seqlens;         // [N + 1] int64 / int32 (FLAG_CU_I32), or null
+  const void* chunk_offsets;      // [N + 1] first chunk of each sequence in dh (int64 /
+                                  // int32: FLAG_OFFSETS_I32), or null: the kernel sums them
   void* dv2;                      // [B, T, HV, V]: plain stores of partial varlen chunks
   void* dh;                       // [B, NT, HV, K, V] ([.., V, K] with state_v_first)
   int64_t T;                      // tokens per batch row (the packed length with cu_seqlens)
-  int32_t NT;                     // chunks per batch row (dense); total chunks (varlen)
+  int32_t NT;                     // chunks per batch row (dense); dh.shape[1] (varlen)
   int32_t H;                      // q/k heads
   int32_t HV;                     // value heads; H divides HV
   int32_t V;                      // value dim, multiple of 64
   float scale;                    // applied after the fp32 q^T do dot, as fla does
   uint32_t flags;                 // DhuFlags
+  DhuError* error;                // device address of the host-mapped error record, or null
+  int32_t N;                      // sequences: B, or len(cu_seqlens) - 1
 };
 
 }  // namespace kda_dhu

@@ -115,7 +115,8 @@ struct SmemMap {
   static constexpr int G_OFF = GK_OFF + STAGES * K * 4;
   static constexpr int G_LEN = 80;                 // 64 g values + g[e-1], padded
   static constexpr int BAR_OFF = G_OFF + STAGES * G_LEN * 4;
-  static constexpr int BYTES = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
+  static constexpr int EXT_OFF = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
+  static constexpr int BYTES = EXT_OFF + SeqExtent::SMEM_BYTES;  // the CTA's sequence extent
   // The host asks for BYTES + SLACK: 1024 to align the base up to 1024 where that fits,
   // else none, and then the kernel requires the base to be 1024-aligned (as CUTLASS's
   // kernels do; with no static shared memory it is, after the 1 KB the system reserves).
@@ -197,21 +198,16 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   const bool use_g = p.flags & FLAG_G;
   const bool use_gk = p.flags & FLAG_GK;
 
-  // Sequence extent: tokens [bos, bos + len) of batch row b_row; chunks [boh, boh + NC) of dh.
-  int64_t bos, len, boh;
-  int b_row;
-  if (varlen) {
-    bos = p.cu_seqlens[n];
-    len = p.cu_seqlens[n + 1] - bos;
-    boh = p.chunk_offsets[n];
-    b_row = 0;
-  } else {
-    bos = 0;
-    len = p.T;
-    boh = int64_t(n) * p.NT;
-    b_row = n;
+  // Sequence extent: tokens [bos, bos + len) of batch row b_row; chunks [boh, boh + NC) of
+  // dh. A packed batch's entries are checked here, before anything is loaded or stored
+  // (the scratch is stage 0's first bytes, free until the barrier below).
+  // A failed sequence's CTA only poisons its outputs (the consumers, after the role split).
+  // The extent goes through shared memory: values live across the split would be spilled
+  // in the producer's few registers.
+  {
+    const SeqExtent e = sequence_extent<num_threads<NWG>()>(p, n, reinterpret_cast<int64_t*>(smem));
+    if (tid == 0) e.store(smem + Map::EXT_OFF);
   }
-  const int NC = int((len + BT - 1) / BT);
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -229,28 +225,35 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
       cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS_WG2>();
       if (tid >= CONSUMERS + 32) return;
     }
+    // 32-bit token indices: T < 2^31 (the planner's grid clause), and with few registers.
+    const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
+    if (!ext.ok) return;
+    const int bos = int(ext.bos), len = int(ext.len);
+    const int b_row = ext.b_row, NC = ext.nc;
     const int lane = tid - CONSUMERS;
     const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE + (use_gk ? K * 4 : 0));
+    // Stage s and its empty-barrier phase advance with i (no division by STAGES).
+    int s = 0;
+    uint32_t phase = 0;
     for (int i = 0; i < NC; ++i) {
       const int c = NC - 1 - i;
-      const int s = i % STAGES;
-      if (i >= STAGES) wait_bar(&empty_bar[s], ((i / STAGES) + 1) & 1);
-      const int64_t t0 = bos + int64_t(c) * BT;  // first token of the chunk (row in T)
-      const int64_t t_last = bos + min(int64_t(c + 1) * BT, len) - 1;
+      if (i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
+      const int t0 = bos + c * BT;  // first token of the chunk (row in T)
+      const int t_last = bos + min((c + 1) * BT, len) - 1;
       if (use_g) {
         float* sG = reinterpret_cast<float*>(smem + Map::G_OFF) + s * Map::G_LEN;
         const float* g_row = p.g + (int64_t(b_row) * p.T) * p.HV + hv;
         for (int j = lane; j < BT; j += 32) {
-          const int64_t t = t0 + j;
-          sG[j] = (t <= t_last) ? g_row[t * p.HV] : 0.f;
+          const int t = t0 + j;
+          sG[j] = (t <= t_last) ? g_row[int64_t(t) * p.HV] : 0.f;
         }
-        if (lane == 0) sG[BT] = g_row[t_last * p.HV];
+        if (lane == 0) sG[BT] = g_row[int64_t(t_last) * p.HV];
         __syncwarp();
       }
       if (lane == 0) {
         uint8_t* st = smem + s * Map::STAGE;
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full_bar[s], tx_bytes);
-        const int t0i = int(t0);
+        const int t0i = t0;
         for (int kb = 0; kb < KB; ++kb) {
           SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0i, b_row);
           SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0i, b_row);
@@ -266,11 +269,12 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
           SM90_BULK_COPY_G2S::copy(gk_row, &full_bar[s], smem + Map::GK_OFF + s * K * 4, K * 4);
         }
       }
+      if (++s == STAGES) s = 0, phase ^= 1u;
     }
     // A padded packed batch (cu_seqlens[-1] < T): the last sequence's CTAs write zeros
     // to dv2's padding rows for their (hv, V columns), as fla leaves them unwritten.
-    if (varlen && n == int(gridDim.z) - 1) {
-      const int64_t pad0 = bos + len;
+    if (varlen && ctaid_z() == int(gridDim.z) - 1) {
+      const int64_t pad0 = int64_t(bos) + len;
       T* dv2 = reinterpret_cast<T*>(p.dv2);
       for (int64_t t = pad0 + lane / 8; t < p.T; t += 4) {
         for (int wg = 0; wg < NWG; ++wg) {
@@ -285,6 +289,13 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
 
   // -------------------------------------------------------------------- consumers
   if constexpr (NWG > 1) cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS_WG2>();
+  const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
+  if (!ext.ok) {
+    poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, blockIdx.x * NWG * BV, NWG * BV, tid, CONSUMERS);
+    return;
+  }
+  const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
+  const int b_row = ext.b_row, NC = ext.nc;
   // Warpgroup wg owns V columns [v0, v0 + 64): its own chain (c, sBh, sDv2, stores);
   // k, q, w and the gates of a stage are shared by the NWG warpgroups.
   const int wg = tid / WG_THREADS;
@@ -322,7 +333,9 @@ __device__ __forceinline__ void dhu_kernel(const DhuParams& p) {
   const int DO_OFF = Map::DO_OFF + wg * Map::VTILE;       // within a stage
   const int DV_OFF = Map::DV_OFF + wg * Map::VTILE;
 
-  const int64_t nh = int64_t(n) * p.HV + hv;      // (sequence, value head) for dht/dh0
+  // (sequence, value head) for dht / dh0, from blockIdx.z afresh: a 64-bit n kept from the
+  // prologue would be live across the role split.
+  const int64_t nh = int64_t(ctaid_z()) * p.HV + hv;
   // Element (k, v) of this CTA's [K, V] (or [V, K] with SVF) slice of dht / dh0.
   auto state_at = [&](int row, int col) -> int64_t {
     return SVF ? (nh * p.V + v0 + col) * K + row : (nh * K + row) * p.V + v0 + col;

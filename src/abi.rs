@@ -13,6 +13,19 @@ pub const FLAG_GK: u32 = 1 << 1;
 pub const FLAG_DHT: u32 = 1 << 2;
 pub const FLAG_DH0: u32 = 1 << 3;
 pub const FLAG_VARLEN: u32 = 1 << 4;
+pub const FLAG_CU_I32: u32 = 1 << 5;
+pub const FLAG_OFFSETS_I32: u32 = 1 << 6;
+
+/// Mirror of `DhuError`: the host-mapped record of an input error found on the device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DhuError {
+    pub code: u32,
+    pub claim: u32,
+    pub seq: i64,
+    pub a: i64,
+    pub b: i64,
+}
 
 #[repr(C, align(128))]
 #[derive(Clone, Copy, Debug)]
@@ -32,9 +45,10 @@ pub struct DhuParams {
     pub dht: u64,
     /// [N, HV, K, V] fp32 out, or null.
     pub dh0: u64,
-    /// [N + 1] int64, or null.
+    /// [N + 1] int64 / int32 (FLAG_CU_I32), or null.
     pub cu_seqlens: u64,
-    /// [N] int64: first chunk of sequence n in dh, or null.
+    /// [N + 1] first chunk of each sequence in dh (int64 / int32: FLAG_OFFSETS_I32), or
+    /// null (the kernel sums the chunk counts).
     pub chunk_offsets: u64,
     /// [B, T, HV, V] out (plain stores of partial varlen chunks).
     pub dv2: u64,
@@ -51,13 +65,17 @@ pub struct DhuParams {
     pub scale: f32,
     /// FLAG_* bits.
     pub flags: u32,
+    /// Device address of the host-mapped `DhuError` record, or null.
+    pub error: u64,
+    /// Sequences: B, or len(cu_seqlens) - 1.
+    pub n: i32,
 }
 
 /// sizeof / alignof / offsetof as g++ computes them for dhu_params.h with CUDA 13.0's
 /// cuda.h (see `abi_matches_the_c_header` for how to recompute them).
 pub const C_SIZEOF: usize = 1024;
 pub const C_ALIGNOF: usize = 128;
-pub const C_OFFSETS: [(&str, usize); 22] = [
+pub const C_OFFSETS: [(&str, usize); 24] = [
     ("tma_q", 0),
     ("tma_k", 128),
     ("tma_w", 256),
@@ -80,10 +98,12 @@ pub const C_OFFSETS: [(&str, usize); 22] = [
     ("V", 980),
     ("scale", 984),
     ("flags", 988),
+    ("error", 992),
+    ("N", 1000),
 ];
 
 /// The Rust offsets, in the order of `C_OFFSETS`.
-pub const RUST_OFFSETS: [usize; 22] = {
+pub const RUST_OFFSETS: [usize; 24] = {
     use std::mem::offset_of;
     [
         offset_of!(DhuParams, tma_q),
@@ -108,6 +128,8 @@ pub const RUST_OFFSETS: [usize; 22] = {
         offset_of!(DhuParams, v),
         offset_of!(DhuParams, scale),
         offset_of!(DhuParams, flags),
+        offset_of!(DhuParams, error),
+        offset_of!(DhuParams, n),
     ]
 };
 
@@ -181,7 +203,19 @@ mod tests {
         for (name, _) in C_OFFSETS {
             src.push_str(&format!("  printf(\" %zu\", offsetof(DhuParams, {name}));\n"));
         }
-        src.push_str("  printf(\" %u %u %u %u %u\", (unsigned)kda_dhu::FLAG_G, (unsigned)kda_dhu::FLAG_GK, (unsigned)kda_dhu::FLAG_DHT, (unsigned)kda_dhu::FLAG_DH0, (unsigned)kda_dhu::FLAG_VARLEN);\n  return 0;\n}\n");
+        src.push_str(
+            "  printf(\" %u %u %u %u %u %u %u\", (unsigned)kda_dhu::FLAG_G, (unsigned)kda_dhu::FLAG_GK, \
+             (unsigned)kda_dhu::FLAG_DHT, (unsigned)kda_dhu::FLAG_DH0, (unsigned)kda_dhu::FLAG_VARLEN, \
+             (unsigned)kda_dhu::FLAG_CU_I32, (unsigned)kda_dhu::FLAG_OFFSETS_I32);\n",
+        );
+        src.push_str(
+            "  printf(\" %zu %zu %zu %zu %zu\", sizeof(kda_dhu::DhuError), offsetof(kda_dhu::DhuError, code), \
+             offsetof(kda_dhu::DhuError, claim), offsetof(kda_dhu::DhuError, seq), offsetof(kda_dhu::DhuError, b));\n",
+        );
+        src.push_str(
+            "  printf(\" %u %u %u %u %u\", (unsigned)kda_dhu::DHU_ERR_FIRST_OFFSET, (unsigned)kda_dhu::DHU_ERR_DECREASING, \
+             (unsigned)kda_dhu::DHU_ERR_PAST_T, (unsigned)kda_dhu::DHU_ERR_OFFSETS, (unsigned)kda_dhu::DHU_ERR_PAST_NT);\n  return 0;\n}\n",
+        );
         let cpp = dir.join("abi.cpp");
         let exe = dir.join("abi");
         std::fs::write(&cpp, src).unwrap();
@@ -209,6 +243,18 @@ mod tests {
         for (i, (name, _)) in C_OFFSETS.iter().enumerate() {
             assert_eq!(nums[2 + i], RUST_OFFSETS[i], "offsetof {name}");
         }
-        assert_eq!(&nums[24..], &[FLAG_G, FLAG_GK, FLAG_DHT, FLAG_DH0, FLAG_VARLEN].map(|f| f as usize));
+        let flags = 2 + C_OFFSETS.len();
+        assert_eq!(
+            &nums[flags..flags + 7],
+            &[FLAG_G, FLAG_GK, FLAG_DHT, FLAG_DH0, FLAG_VARLEN, FLAG_CU_I32, FLAG_OFFSETS_I32].map(|f| f as usize)
+        );
+        let e = std::mem::offset_of!(DhuError, b);
+        assert_eq!(&nums[flags + 7..flags + 12], &[std::mem::size_of::<DhuError>(), 0, 4, 8, e], "DhuError layout");
+        use crate::varlen::*;
+        assert_eq!(
+            &nums[flags + 12..],
+            &[ERR_FIRST_OFFSET, ERR_DECREASING, ERR_PAST_T, ERR_OFFSETS, ERR_PAST_NT].map(|c| c as usize),
+            "error codes"
+        );
     }
 }

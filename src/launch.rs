@@ -9,7 +9,7 @@
 //! what is new, the outputs (and the chunk_offsets the Python layer computed), patches
 //! the cached descriptors' addresses and calls cuLaunchKernel.
 
-use crate::abi::DhuParams;
+use crate::abi::{DhuError, DhuParams};
 use crate::driver::{check, require_driver};
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -17,6 +17,7 @@ use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, MAX_SLOTS};
 use crate::tensor::TensorMeta;
 use crate::tma::{tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
+use crate::varlen::Fault;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUfunction, CUfunction_attribute, CUmodule};
 use std::ffi::{c_void, CString};
 use std::sync::OnceLock;
@@ -55,7 +56,8 @@ pub fn smem_bytes_sm90(k: u32, nwg: u32) -> u32 {
         + nwg * DV2_BUFS * vtile // dv2 staging per warpgroup
         + stages * k * 4 // gk rows
         + stages * G_LEN * 4 // g values
-        + 2 * stages * 8; // mbarriers full[s], empty[s]
+        + 2 * stages * 8 // mbarriers full[s], empty[s]
+        + 32; // the CTA's sequence extent (SeqExtent::SMEM_BYTES)
     if bytes + 1024 <= SMEM_OPTIN_MAX_SM90 {
         bytes + 1024
     } else {
@@ -108,6 +110,13 @@ struct Kernels {
     funcs: [Handle<CUfunction>; MAX_SLOTS],
 }
 
+/// The device's `DhuError` record in host-mapped pinned memory: written by kernels that
+/// find bad packed-batch entries, read (and cleared) by the host at the next call.
+struct ErrorRecord {
+    host: Handle<*mut DhuError>,
+    device: u64,
+}
+
 struct DeviceState {
     ordinal: i32,
     dev: CUdevice,
@@ -115,6 +124,7 @@ struct DeviceState {
     max_smem_optin: i32,
     ctx: OnceLock<Result<Handle<CUcontext>>>,
     kernels: OnceLock<Result<Kernels>>,
+    errors: OnceLock<Result<ErrorRecord>>,
 }
 
 struct Driver {
@@ -166,7 +176,15 @@ fn device(ordinal: i32) -> Result<&'static DeviceState> {
             sm_count: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal)?,
         };
         let max_smem_optin = attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, ordinal)?;
-        Ok(DeviceState { ordinal, dev, info, max_smem_optin, ctx: OnceLock::new(), kernels: OnceLock::new() })
+        Ok(DeviceState {
+            ordinal,
+            dev,
+            info,
+            max_smem_optin,
+            ctx: OnceLock::new(),
+            kernels: OnceLock::new(),
+            errors: OnceLock::new(),
+        })
     })
     .as_ref()
     .map_err(Clone::clone)
@@ -270,6 +288,79 @@ impl DeviceState {
     }
 }
 
+impl DeviceState {
+    /// The error record, allocated once per device (the context must be current): with
+    /// the module, at the first launch, so that no later call allocates.
+    fn error_record(&self) -> Result<&ErrorRecord> {
+        self.errors
+            .get_or_init(|| {
+                let mut host: *mut c_void = std::ptr::null_mut();
+                let size = std::mem::size_of::<DhuError>();
+                let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+                // SAFETY: out-pointers to locals; the allocation lives for the process.
+                unsafe {
+                    check(sys::cuMemHostAlloc(&mut host, size, flags), || {
+                        format!("cuMemHostAlloc({size} bytes, DEVICEMAP) on cuda:{}", self.ordinal)
+                    })?;
+                    std::ptr::write_volatile(host as *mut DhuError, DhuError::default());
+                    let mut device: sys::CUdeviceptr = 0;
+                    check(sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0), || {
+                        format!("cuMemHostGetDevicePointer on cuda:{}", self.ordinal)
+                    })?;
+                    Ok(ErrorRecord { host: Handle(host as *mut DhuError), device: device as u64 })
+                }
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A bad packed batch found on the device since the last look (no synchronization:
+    /// what kernels still running find is reported later), as the host check words it,
+    /// and the record cleared.
+    fn take_input_error(&self, t: i64, nt: i64) -> Option<Error> {
+        let rec = self.errors.get()?.as_ref().ok()?;
+        let p = rec.host.0;
+        // SAFETY: p is the live host-mapped record; the kernels write it with atomics
+        // and system-scope fences, details before the code.
+        unsafe {
+            let code = std::ptr::read_volatile(std::ptr::addr_of!((*p).code));
+            if code == 0 {
+                return None;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            let seq = std::ptr::read_volatile(std::ptr::addr_of!((*p).seq));
+            let a = std::ptr::read_volatile(std::ptr::addr_of!((*p).a));
+            let b = std::ptr::read_volatile(std::ptr::addr_of!((*p).b));
+            std::ptr::write_volatile(p, DhuError::default());
+            let e = match Fault::from_device(code, seq, a, b) {
+                Some(f) => f.to_error(t, nt),
+                None => Error::Internal(format!("unknown device error code {code}")),
+            };
+            Some(match e {
+                Error::Value { arg, msg } => Error::Value {
+                    arg,
+                    msg: format!(
+                        "{msg} (found on cuda:{} by an earlier call, whose outputs for sequence {seq} are NaN; \
+                         KDA_DHU_CHECK_INPUTS=1 checks each call on the host instead)",
+                        self.ordinal
+                    ),
+                },
+                other => other,
+            })
+        }
+    }
+}
+
+/// Raises (once) a bad packed batch that a kernel on cuda:`ordinal` found since the last
+/// look. `t`, `nt`: the sizes the message quotes (those of the call that looks). Does not
+/// synchronize: call after the device is synchronized to see every finished launch.
+pub fn check_input_errors(ordinal: i32, t: i64, nt: i64) -> Result<()> {
+    match device(ordinal)?.take_input_error(t, nt) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// The planner's view of a device (no context needed).
 pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
     Ok(device(ordinal)?.info)
@@ -322,10 +413,14 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Validates `args` fully and reads the device (as `plan_call`), and plans under `rule`.
+    /// Validates `args` fully and reads the device (as `plan_call`), and plans under
+    /// `rule`. First raises a bad packed batch that a kernel on that device found since
+    /// the last call (see `check_input_errors`).
     pub fn new(args: CallArgs, rule: Rule) -> Result<(Prepared, Plan)> {
         let desc = validate(&args, true)?;
-        let info = device_info(validated_ordinal(&desc)?)?;
+        let ordinal = validated_ordinal(&desc)?;
+        let info = device_info(ordinal)?;
+        check_input_errors(ordinal, desc.dims.t, desc.nt.unwrap_or(-1))?;
         Ok(Prepared::with_info(args, desc, info, rule))
     }
 
@@ -340,28 +435,10 @@ impl Prepared {
         plan(&self.desc, &self.info, rule)
     }
 
-    /// The call as `launch` takes it: with cu_seqlens, `chunk_offsets` (the Python
-    /// layer's, computed from cu_seqlens) replaces the caller's and the call is
-    /// validated again (pure: no tensor read twice); without, it is not read.
-    pub fn with_chunk_offsets(&self, chunk_offsets: Option<TensorMeta>) -> Result<Option<(CallArgs, CallDesc)>> {
-        match chunk_offsets {
-            Some(co) if self.desc.varlen() => {
-                let mut args = self.args.clone();
-                args.chunk_offsets = Some(co);
-                let desc = validate(&args, true)?;
-                Ok(Some((args, desc)))
-            }
-            _ => Ok(None),
-        }
-    }
-
     /// Launches the call (as `launch`, without reading or validating the inputs again)
-    /// writing `outs`, on `stream`. `chunk_offsets`: see `with_chunk_offsets`.
-    pub fn launch(&self, outs: &Outputs, chunk_offsets: Option<TensorMeta>, stream: u64) -> Result<()> {
-        match self.with_chunk_offsets(chunk_offsets)? {
-            Some((args, desc)) => launch_validated(&args, &desc, &self.info, outs, stream),
-            None => launch_validated(&self.args, &self.desc, &self.info, outs, stream),
-        }
+    /// writing `outs`, on `stream`.
+    pub fn launch(&self, outs: &Outputs, stream: u64) -> Result<()> {
+        launch_validated(&self.args, &self.desc, &self.info, outs, stream)
     }
 }
 
@@ -378,12 +455,6 @@ pub fn fill_scalars(
     nt: i64,
 ) -> Result<DhuParams> {
     let varlen = desc.varlen();
-    if varlen && args.chunk_offsets.is_none() {
-        return Err(Error::value(
-            "chunk_offsets",
-            "expected a tensor with cu_seqlens (the Python layer computes it when the caller gives none), got None",
-        ));
-    }
     let d = &desc.dims;
     let to_i32 = |x: i64, name: &'static str| {
         i32::try_from(x).map_err(|_| Error::value(name, format!("expected a value that fits in int32, got {x}")))
@@ -394,7 +465,8 @@ pub fn fill_scalars(
     p.dht = opt_ptr(&args.dht);
     p.dh0 = opt_ptr(&outs.dh0);
     p.cu_seqlens = if varlen { opt_ptr(&args.cu_seqlens) } else { 0 };
-    p.chunk_offsets = if varlen { opt_ptr(&args.chunk_offsets) } else { 0 };
+    // The caller's table where it has fla's N + 1 entries; else the kernel sums.
+    p.chunk_offsets = if varlen && desc.chunk_offsets.is_some() { opt_ptr(&args.chunk_offsets) } else { 0 };
     p.dv2 = outs.dv2.ptr;
     p.dh = outs.dh.ptr;
     p.t = d.t;
@@ -404,6 +476,7 @@ pub fn fill_scalars(
     p.v = to_i32(d.v, "do")?;
     p.scale = desc.scale as f32;
     p.flags = config.flags;
+    p.n = to_i32(d.n, "cu_seqlens")?;
     Ok(p)
 }
 
@@ -463,6 +536,9 @@ fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &
     let ctx = dev.context()?;
     let _scope = CtxScope::enter(ctx)?;
     let f = dev.kernels(arch)?.funcs[config.slot()].0;
+    if desc.varlen() {
+        params.error = dev.error_record()?.device;
+    }
     let smem = smem_bytes(arch, config.k, config.nwg);
     let block = config.block_threads(arch);
     let [gx, gy, gz] = config.grid;
@@ -496,7 +572,7 @@ fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::{FLAG_DH0, FLAG_DHT, FLAG_GK, FLAG_VARLEN};
+    use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
     use crate::tensor::{DType, Device};
     use crate::validate::tests::call;
 
@@ -545,7 +621,7 @@ mod tests {
     }
 
     #[test]
-    fn varlen_needs_chunk_offsets() {
+    fn varlen_sums_chunk_offsets_in_the_kernel_without_a_table() {
         let mut a = call(1, 1000, 4, 4, 128, 64, DType::BF16);
         a.h0 = None;
         a.dht = None;
@@ -560,8 +636,8 @@ mod tests {
             nwg: 1,
             svf: false,
         };
-        let e = fill_scalars(&a, &o, &desc, &config, 17).unwrap_err();
-        assert!(e.to_string().starts_with("chunk_offsets: expected a tensor with cu_seqlens"), "{e}");
+        let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
+        assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t, p.n), (0x40, 0, 17, 1000, 3));
         a.chunk_offsets = Some(TensorMeta::contiguous(0x80, &[4], DType::I64, Device::cpu()));
         let desc = validate(&a, false).unwrap();
         let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
@@ -575,7 +651,9 @@ mod tests {
             t.device = Device::cuda(0);
         }
         for t in
-            [&mut a.g, &mut a.gk, &mut a.h0, &mut a.dht, &mut a.cu_seqlens, &mut a.chunk_offsets].into_iter().flatten()
+            [&mut a.g, &mut a.gk, &mut a.h0, &mut a.dht, &mut a.cu_seqlens, &mut a.chunk_indices, &mut a.chunk_offsets]
+                .into_iter()
+                .flatten()
         {
             t.device = Device::cuda(0);
         }
@@ -636,34 +714,39 @@ mod tests {
     }
 
     #[test]
-    fn chunk_offsets_replace_the_callers_only_with_cu_seqlens() {
-        let co = |dtype, n| Some(TensorMeta::contiguous(0x80, &[n], dtype, Device::cuda(0)));
-        // Dense: not read at all (fla ignores chunk_offsets without cu_seqlens).
-        let (dense, _) = prepared(on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16)), Rule::Extended);
-        assert!(dense.with_chunk_offsets(co(DType::F32, 99)).unwrap().is_none());
-
+    fn packed_batches_read_their_tables_as_the_caller_made_them() {
         let mut a = call(1, 1000, 4, 4, 128, 64, DType::BF16);
         a.h0 = None;
         a.dht = None;
-        a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I64, Device::cpu()));
-        // The caller's int32 chunk_offsets: planned as a fallback ...
-        a.chunk_offsets = Some(TensorMeta::contiguous(0x60, &[3], DType::I32, Device::cpu()));
-        let (varlen, p) = prepared(on_cuda(a), Rule::Extended);
-        assert_eq!(p.describe(), (false, "chunk_offsets is int32 (the kernel reads int64)".to_string()));
-        // ... the Python layer's int64 ones replace them and the call is validated again.
-        let (args, desc) = varlen.with_chunk_offsets(co(DType::I64, 4)).unwrap().unwrap();
-        assert_eq!(args.chunk_offsets.as_ref().unwrap().ptr, 0x80);
-        assert!(plan(&desc, &H200, Rule::Capable).is_kernel());
-        assert_eq!(varlen.args.chunk_offsets.as_ref().unwrap().ptr, 0x60, "the prepared call is unchanged");
-        // Bad replacements are named as the stateless launch names them.
-        let e = varlen.with_chunk_offsets(co(DType::I64, 7)).unwrap_err();
-        assert_eq!(e.to_string(), "chunk_offsets: expected shape [N=3] or [N+1=4], got [7]");
-        let e = varlen.with_chunk_offsets(co(DType::F32, 4)).unwrap_err();
-        assert_eq!(e.to_string(), "chunk_offsets: expected dtype int64 or int32, got float32");
-        let mut cpu = co(DType::I64, 4);
-        cpu.as_mut().unwrap().device = Device::cpu();
-        let e = varlen.with_chunk_offsets(cpu).unwrap_err();
-        assert_eq!(e.to_string(), "chunk_offsets: expected a CUDA tensor, got a tensor on cpu");
+        a.cu_seqlens = Some(TensorMeta::contiguous(0x40, &[4], DType::I32, Device::cpu()));
+        // int32 cu_seqlens and a table of fla's N + 1 int32 offsets: the kernel reads both.
+        a.chunk_offsets = Some(TensorMeta::contiguous(0x60, &[4], DType::I32, Device::cpu()));
+        a.chunk_indices = Some(TensorMeta::contiguous(0x80, &[17, 2], DType::I64, Device::cpu()));
+        let (pc, p) = prepared(on_cuda(a.clone()), Rule::Extended);
+        let Plan::Kernel { config, .. } = p else { panic!("{p}") };
+        assert_eq!(
+            config.flags & (FLAG_VARLEN | FLAG_CU_I32 | FLAG_OFFSETS_I32),
+            FLAG_VARLEN | FLAG_CU_I32 | FLAG_OFFSETS_I32
+        );
+        assert_eq!(pc.desc.nt, Some(17));
+        let o = outs(&a, 17);
+        let pr = fill_scalars(&pc.args, &o, &pc.desc, &config, 17).unwrap();
+        assert_eq!((pr.cu_seqlens, pr.chunk_offsets, pr.nt, pr.n), (0x40, 0x60, 17, 3));
+        // N entries (fla's kernel reads only those): not used, the kernel sums the counts.
+        a.chunk_offsets = Some(TensorMeta::contiguous(0x60, &[3], DType::I64, Device::cpu()));
+        let (pc, p) = prepared(on_cuda(a.clone()), Rule::Extended);
+        let Plan::Kernel { config, .. } = p else { panic!("{p}") };
+        assert_eq!(config.flags & FLAG_OFFSETS_I32, 0);
+        let pr = fill_scalars(&pc.args, &o, &pc.desc, &config, 17).unwrap();
+        assert_eq!(pr.chunk_offsets, 0);
+        // Without chunk_indices NT is unknown on the host until the caller says.
+        a.chunk_indices = None;
+        let (pc, _) = prepared(on_cuda(a.clone()), Rule::Extended);
+        assert_eq!((pc.desc.nt, pc.desc.out_shapes()), (None, None));
+        a.nt = Some(17);
+        let (pc, _) = prepared(on_cuda(a), Rule::Extended);
+        let shapes = pc.desc.out_shapes().unwrap();
+        assert_eq!((shapes.dh, shapes.dh0, shapes.dv2), ([1, 17, 4, 128, 64], None, [1, 1000, 4, 64]));
     }
 
     /// Host cost of the pure steps of one call at the tiny shape (B1 T64 H1 K128 V64):
@@ -738,14 +821,14 @@ mod tests {
     #[test]
     fn smem_mirrors_the_sm90_smem_map() {
         // SmemMap<K, NWG>::BYTES by hand from cuda/dhu_sm90.cu (ring 2 x (3 k/q/w tiles +
-        // 2 NWG v tiles), NWG sBh, 2 NWG sDv2, 2 gk rows, 2 x 80 g, 4 mbarriers), + 1024
-        // for the base alignment.
+        // 2 NWG v tiles), NWG sBh, 2 NWG sDv2, 2 gk rows, 2 x 80 g, 4 mbarriers, the
+        // 32-byte sequence extent), + 1024 for the base alignment.
         // 3 stages: 3 x 65536 + 16384 + 2 x 8192 + 3 x 512 + 3 x 320 + 6 x 8, no slack.
-        assert_eq!(smem_bytes_sm90(128, 1), 231920);
-        assert_eq!(smem_bytes_sm90(64, 1), 107680 + 1024);
-        assert_eq!(smem_bytes_sm90(128, 2), 231072 + 1024);
+        assert_eq!(smem_bytes_sm90(128, 1), 231920 + 32);
+        assert_eq!(smem_bytes_sm90(64, 1), 107680 + 32 + 1024);
+        assert_eq!(smem_bytes_sm90(128, 2), 231072 + 32 + 1024);
         // 3 stages: 3 x 57344 + 2 x 8192 + 4 x 8192 + 3 x 256 + 3 x 320 + 6 x 8, + 1024.
-        assert_eq!(smem_bytes_sm90(64, 2), 222960 + 1024);
+        assert_eq!(smem_bytes_sm90(64, 2), 222960 + 32 + 1024);
         assert_eq!([stages_sm90(128, 1), stages_sm90(64, 1), stages_sm90(128, 2), stages_sm90(64, 2)], [3, 2, 2, 3]);
         // 227 KB is the opt-in maximum per block on sm_90.
         for k in [64, 128] {

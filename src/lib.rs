@@ -16,6 +16,7 @@
 
 pub mod abi;
 pub mod driver;
+pub mod env;
 pub mod error;
 pub mod kernels;
 pub mod launch;
@@ -25,6 +26,7 @@ mod ptxas;
 pub mod tensor;
 pub mod tma;
 pub mod validate;
+pub mod varlen;
 
 use error::{Error, PyKind};
 use plan::Rule;
@@ -146,7 +148,8 @@ fn state_v_first_arg(arg: &Arg<'_>) -> error::Result<bool> {
 }
 
 /// fla's arguments, read through DLPack (the signature order of
-/// `chunk_gated_delta_rule_bwd_dhu`).
+/// `chunk_gated_delta_rule_bwd_dhu`). `nt`: dh's chunk count of a packed batch when the
+/// caller knows it without chunk_indices.
 #[allow(clippy::too_many_arguments)]
 fn call_args(
     q: &Bound<'_, PyAny>,
@@ -162,12 +165,16 @@ fn call_args(
     state_v_first: &Arg<'_>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
     chunk_size: &Arg<'_>,
+    chunk_indices: Option<&Bound<'_, PyAny>>,
     chunk_offsets: Option<&Bound<'_, PyAny>>,
+    nt: Option<i64>,
 ) -> error::Result<CallArgs> {
     // Scalars first: a bad scalar is reported even when the tensors are fine.
     let scale = scale_arg(scale)?;
     let state_v_first = state_v_first_arg(state_v_first)?;
     let chunk_size = chunk_size_arg(chunk_size)?;
+    // fla ignores chunk_indices and chunk_offsets without cu_seqlens; so do we (not read).
+    let varlen = cu_seqlens.is_some_and(|c| !c.is_none());
     Ok(CallArgs {
         q: TensorMeta::from_py(q, "q")?,
         k: TensorMeta::from_py(k, "k")?,
@@ -182,19 +189,16 @@ fn call_args(
         state_v_first,
         cu_seqlens: TensorMeta::from_py_opt(cu_seqlens, "cu_seqlens")?,
         chunk_size,
-        // fla ignores chunk_offsets without cu_seqlens; so do we (not even read).
-        chunk_offsets: if cu_seqlens.is_some_and(|c| !c.is_none()) {
-            TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")?
-        } else {
-            None
-        },
+        chunk_indices: if varlen { TensorMeta::from_py_opt(chunk_indices, "chunk_indices")? } else { None },
+        chunk_offsets: if varlen { TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")? } else { None },
+        nt: if varlen { nt } else { None },
     })
 }
 
 /// Validates a call like fla's `chunk_gated_delta_rule_bwd_dhu` would take it, without
 /// the device check (works on CPU tensors). Raises TypeError / ValueError; returns None.
 #[pyfunction]
-#[pyo3(name = "validate", signature = (q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_offsets=None))]
+#[pyo3(name = "validate", signature = (q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_validate(
     q: &Bound<'_, PyAny>,
@@ -210,6 +214,7 @@ fn py_validate(
     state_v_first: Arg<'_>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
     chunk_size: Arg<'_>,
+    chunk_indices: Option<&Bound<'_, PyAny>>,
     chunk_offsets: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     guard(|| {
@@ -227,7 +232,9 @@ fn py_validate(
             &state_v_first,
             cu_seqlens,
             &chunk_size,
+            chunk_indices,
             chunk_offsets,
+            None,
         )?;
         validate::validate(&a, false).map(|_| ())
     })
@@ -238,92 +245,124 @@ fn parse_rule(rule: &str) -> error::Result<Rule> {
         .ok_or_else(|| Error::value("rule", format!("expected 'b2a', 'extended' or 'capable', got {rule:?}")))
 }
 
-/// Full validation (device included) and the plan under `rule` ("b2a", "extended" or "capable"):
-/// (True, "kernel-sm90a") or (False, reason).
-#[pyfunction]
-#[pyo3(name = "plan", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_offsets=None))]
-#[allow(clippy::too_many_arguments)]
-fn py_plan(
-    rule: &str,
-    q: &Bound<'_, PyAny>,
-    k: &Bound<'_, PyAny>,
-    w: &Bound<'_, PyAny>,
-    r#do: &Bound<'_, PyAny>,
-    dv: &Bound<'_, PyAny>,
-    g: Option<&Bound<'_, PyAny>>,
-    gk: Option<&Bound<'_, PyAny>>,
-    h0: Option<&Bound<'_, PyAny>>,
-    dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<&Bound<'_, PyAny>>,
-    state_v_first: Arg<'_>,
-    cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: Arg<'_>,
-    chunk_offsets: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(bool, String)> {
-    guard(|| {
-        let rule = parse_rule(rule)?;
-        let a = call_args(
-            q,
-            k,
-            w,
-            r#do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
-            scale,
-            &state_v_first,
-            cu_seqlens,
-            &chunk_size,
-            chunk_offsets,
-        )?;
-        let (_, p) = launch::plan_call(&a, rule)?;
-        Ok(p.describe())
-    })
-}
-
-/// A call read, validated and planned by `prepare`. Launching it reads only the
-/// outputs. Holds the numbers of the call (addresses, extents) and references to the
-/// input objects, so that their memory outlives it; nothing is cached past its life.
+/// A call read, validated and planned by `prepare`: the one decision of a call (inputs,
+/// plan, inputs to copy, output shapes), which the Python layer allocates from and
+/// launches. Launching it reads only the outputs. Holds the numbers of the call
+/// (addresses, extents) and references to the input objects, so that their memory
+/// outlives it; nothing is cached past its life.
 #[pyclass(frozen, name = "PreparedCall", module = "kda_dhu._core")]
 struct PyPrepared {
     call: launch::Prepared,
-    _inputs: Vec<Py<PyAny>>,
+    plan: plan::Plan,
+    /// q and dv (the outputs are allocated like them), then every other input.
+    inputs: Vec<Py<PyAny>>,
+}
+
+/// dh in q's dtype, dh0 float32, dv2 in dv's dtype, on the inputs' device, through torch
+/// (`new_empty`: the caching allocator, torch's current device of the inputs).
+fn alloc_outputs<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+    shapes: &validate::OutShapes,
+) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Bound<'py, PyAny>)> {
+    let new_empty = pyo3::intern!(py, "new_empty");
+    let dh = q.call_method1(new_empty, (shapes.dh,))?;
+    let dh0 = match shapes.dh0 {
+        Some(s) => Some(q.call_method(new_empty, (s,), Some(&float32_kwargs(py)?))?),
+        None => None,
+    };
+    let dv2 = dv.call_method1(new_empty, (shapes.dv2,))?;
+    Ok((dh, dh0, dv2))
+}
+
+/// The one-crossing launch: allocate, launch on torch's current stream of the inputs'
+/// device, return (dh, dh0 or None, dv2). None where the call is not for this path (see
+/// `py_run`).
+fn run_prepared<'py>(
+    py: Python<'py>,
+    call: &launch::Prepared,
+    plan: &plan::Plan,
+    q: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+    if !plan.runs_in_one_crossing() || !call.desc.copies().is_empty() || env::check_inputs() {
+        return Ok(None);
+    }
+    let Some(shapes) = call.desc.out_shapes().filter(|s| s.dh[1] > 0) else { return Ok(None) };
+    let (dh, dh0, dv2) = alloc_outputs(py, q, dv, &shapes)?;
+    let stream = current_stream(py, call.desc.device.unwrap_or(0))?;
+    guard(|| {
+        let o = outputs(&dh, dh0.as_ref(), &dv2)?;
+        call.launch(&o, stream)
+    })?;
+    let dh0 = dh0.unwrap_or_else(|| py.None().into_bound(py));
+    Ok(Some(pyo3::types::PyTuple::new(py, [dh, dh0, dv2])?))
 }
 
 #[pymethods]
 impl PyPrepared {
+    /// (True, "kernel-sm90a") or (False, the first failing clause).
+    #[getter]
+    fn verdict(&self) -> (bool, String) {
+        self.plan.describe()
+    }
+
     /// The plan of this call under another rule: (True, "kernel-sm90a") or (False, reason).
     fn replan(&self, rule: &str) -> PyResult<(bool, String)> {
         guard(|| Ok(self.call.replan(parse_rule(rule)?).describe()))
     }
 
-    /// Launches the kernel on `stream` writing dh, dh0 and dv2 (allocated by the
-    /// caller), as `launch` would with the prepared inputs; only the outputs (and, with
-    /// cu_seqlens, `chunk_offsets`, which replaces the caller's) are read. Raises
-    /// ValueError when the "capable" plan is a fallback. Does not synchronize.
-    #[pyo3(signature = (dh, dh0, dv2, chunk_offsets, stream))]
+    /// Names of the inputs that are not packed (contiguous, 16-byte aligned where the
+    /// kernel needs it) and must be copied before the kernel or fla's function reads them.
+    #[getter]
+    fn copies(&self) -> Vec<&'static str> {
+        self.call.desc.copies()
+    }
+
+    /// dh's NT (chunks per batch row, or of the packed batch), or None while unknown on
+    /// the host (a packed batch without chunk_indices).
+    #[getter]
+    fn nt(&self) -> Option<i64> {
+        self.call.desc.nt
+    }
+
+    /// (dh shape, dh0 shape or None, dv2 shape), or None while NT is unknown.
+    fn out_shapes(&self) -> Option<([i64; 5], Option<[i64; 4]>, [i64; 4])> {
+        self.call.desc.out_shapes().map(|s| (s.dh, s.dh0, s.dv2))
+    }
+
+    /// Launches the kernel on `stream` writing dh, dh0 and dv2 (allocated by the caller);
+    /// only the outputs are read. Raises ValueError when the "capable" plan is a
+    /// fallback. Does not synchronize.
+    #[pyo3(signature = (dh, dh0, dv2, stream))]
     fn launch(
         &self,
         dh: &Bound<'_, PyAny>,
         dh0: Option<&Bound<'_, PyAny>>,
         dv2: &Bound<'_, PyAny>,
-        chunk_offsets: Option<&Bound<'_, PyAny>>,
         stream: u64,
     ) -> PyResult<()> {
         guard(|| {
-            let co =
-                if self.call.desc.varlen() { TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")? } else { None };
             let o = outputs(dh, dh0, dv2)?;
-            self.call.launch(&o, co, stream)
+            self.call.launch(&o, stream)
         })
+    }
+
+    /// Allocates the outputs and launches on torch's current stream, in this one call:
+    /// (dh, dh0 or None, dv2), or None where the call must take the general path (the plan
+    /// is not the verified sm_90a kernel, an input needs a copy, NT is unknown or 0, or
+    /// KDA_DHU_CHECK_INPUTS is set).
+    fn run<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+        let q = self.inputs[0].bind(py);
+        let dv = self.inputs[1].bind(py);
+        run_prepared(py, &self.call, &self.plan, q, dv)
     }
 
     fn __repr__(&self) -> String {
         let d = &self.call.desc.dims;
         format!(
-            "PreparedCall(B={}, T={}, H={}, HV={}, K={}, V={}, N={}, {}, cuda:{})",
+            "PreparedCall(B={}, T={}, H={}, HV={}, K={}, V={}, N={}, NT={:?}, {}, cuda:{}, {})",
             d.b,
             d.t,
             d.h,
@@ -331,17 +370,21 @@ impl PyPrepared {
             d.k,
             d.v,
             d.n,
+            self.call.desc.nt,
             self.call.desc.qk_dtype,
-            self.call.desc.device.unwrap_or(-1)
+            self.call.desc.device.unwrap_or(-1),
+            self.plan
         )
     }
 }
 
-/// `plan` that also hands back the call: (ok, reason, PreparedCall). The call's
-/// `launch` then reads only the outputs; `replan(rule)` plans it under another rule.
-/// Raises as `plan`.
+/// Reads, validates (device included) and plans a call under `rule` ("b2a", "extended" or
+/// "capable"): (ok, reason, PreparedCall). Raises TypeError / ValueError naming the
+/// argument for input that neither the kernel nor fla takes, and first raises a bad
+/// packed batch that a kernel on that device found since the last call. `nt`: dh's NT
+/// of a packed batch when known without chunk_indices. Does not synchronize.
 #[pyfunction]
-#[pyo3(name = "prepare", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_offsets=None))]
+#[pyo3(name = "prepare", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, nt=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_prepare<'py>(
     py: Python<'py>,
@@ -359,9 +402,11 @@ fn py_prepare<'py>(
     state_v_first: Arg<'py>,
     cu_seqlens: Option<&Bound<'py, PyAny>>,
     chunk_size: Arg<'py>,
+    chunk_indices: Option<&Bound<'py, PyAny>>,
     chunk_offsets: Option<&Bound<'py, PyAny>>,
+    nt: Option<i64>,
 ) -> PyResult<(bool, String, Bound<'py, PyPrepared>)> {
-    let (ok, reason, call) = guard(|| {
+    let (call, plan) = guard(|| {
         let rule = parse_rule(rule)?;
         let a = call_args(
             q,
@@ -377,19 +422,21 @@ fn py_prepare<'py>(
             &state_v_first,
             cu_seqlens,
             &chunk_size,
+            chunk_indices,
             chunk_offsets,
+            nt,
         )?;
-        let (call, p) = launch::Prepared::new(a, rule)?;
-        let (ok, reason) = p.describe();
-        Ok((ok, reason, call))
+        launch::Prepared::new(a, rule)
     })?;
-    let inputs = [Some(q), Some(k), Some(w), Some(r#do), Some(dv), g, gk, h0, dht, cu_seqlens, chunk_offsets]
-        .into_iter()
-        .flatten()
-        .filter(|o| !o.is_none())
-        .map(|o| o.clone().unbind())
-        .collect();
-    let call = Bound::new(py, PyPrepared { call, _inputs: inputs })?;
+    let (ok, reason) = plan.describe();
+    let inputs =
+        [Some(q), Some(dv), Some(k), Some(w), Some(r#do), g, gk, h0, dht, cu_seqlens, chunk_indices, chunk_offsets]
+            .into_iter()
+            .flatten()
+            .filter(|o| !o.is_none())
+            .map(|o| o.clone().unbind())
+            .collect();
+    let call = Bound::new(py, PyPrepared { call, plan, inputs })?;
     Ok((ok, reason, call))
 }
 
@@ -408,7 +455,7 @@ fn outputs(dh: &Bound<'_, PyAny>, dh0: Option<&Bound<'_, PyAny>>, dv2: &Bound<'_
 /// ValueError when the "capable" plan is a fallback (the kernel cannot compute the call).
 /// Does not synchronize.
 #[pyfunction]
-#[pyo3(name = "launch", signature = (q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets, dh, dh0, dv2, stream))]
+#[pyo3(name = "launch", signature = (q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_indices, chunk_offsets, dh, dh0, dv2, stream))]
 #[allow(clippy::too_many_arguments)]
 fn py_launch(
     q: &Bound<'_, PyAny>,
@@ -424,6 +471,7 @@ fn py_launch(
     state_v_first: Arg<'_>,
     cu_seqlens: Option<&Bound<'_, PyAny>>,
     chunk_size: Arg<'_>,
+    chunk_indices: Option<&Bound<'_, PyAny>>,
     chunk_offsets: Option<&Bound<'_, PyAny>>,
     dh: &Bound<'_, PyAny>,
     dh0: Option<&Bound<'_, PyAny>>,
@@ -445,7 +493,9 @@ fn py_launch(
             &state_v_first,
             cu_seqlens,
             &chunk_size,
+            chunk_indices,
             chunk_offsets,
+            None,
         )?;
         let o = outputs(dh, dh0, dv2)?;
         launch::launch(&a, &o, stream)
@@ -470,16 +520,16 @@ fn current_stream(py: Python<'_>, ordinal: i32) -> PyResult<u64> {
     py.import("torch")?.getattr("cuda")?.call_method1("current_stream", (ordinal,))?.getattr("cuda_stream")?.extract()
 }
 
-/// One call, kernel path only, in one crossing (issue #7's host overhead): reads,
-/// validates and plans the call as `prepare` does (cu_seqlens not taken), and where the
-/// plan under `rule` is the verified sm_90a kernel, allocates dh, dh0 and dv2 with
-/// torch (`q.new_empty` / `dv.new_empty`: the caching allocator, the inputs' device)
-/// and launches on torch's current stream of that device. Returns (dh, dh0 or None,
-/// dv2), or None where the caller must take the general path (the plan says fallback
-/// or another architecture, or a tensor argument is not a plain torch.Tensor). Raises
-/// as `prepare` for invalid input.
+/// One call, kernel path only, in one crossing: reads, validates and plans the call as
+/// `prepare` does, and where the plan under `rule` is the verified sm_90a kernel with
+/// every input packed and NT known, allocates dh, dh0 and dv2 with torch and launches on
+/// torch's current stream of the inputs' device. Returns (dh, dh0 or None, dv2), or None
+/// where the caller must take the general path (a fallback or another architecture, an
+/// input to copy, a packed batch without chunk_indices, KDA_DHU_FORCE or
+/// KDA_DHU_CHECK_INPUTS set, or a tensor argument that is not a plain torch.Tensor).
+/// Raises as `prepare` for invalid input. Does not synchronize.
 #[pyfunction]
-#[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, chunk_size=NOT_PASSED))]
+#[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_run<'py>(
     py: Python<'py>,
@@ -495,42 +545,77 @@ fn py_run<'py>(
     dht: Option<&Bound<'py, PyAny>>,
     scale: Option<&Bound<'py, PyAny>>,
     state_v_first: Arg<'py>,
+    cu_seqlens: Option<&Bound<'py, PyAny>>,
     chunk_size: Arg<'py>,
+    chunk_indices: Option<&Bound<'py, PyAny>>,
+    chunk_offsets: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
     // Plain torch tensors only, checked before anything is read: another object (a
     // subclass, an array of another library) is read through its own __dlpack__, which
     // the general path calls under the inputs' device (torch exports only from the
     // current one), and the outputs are allocated with q's and dv's methods.
     let plain = |t: Option<&Bound<'py, PyAny>>| t.is_none_or(|t| t.is_none() || tensor::is_plain_tensor(t));
-    if ![Some(q), Some(k), Some(w), Some(r#do), Some(dv), g, gk, h0, dht].into_iter().all(plain) {
+    let tensors =
+        [Some(q), Some(k), Some(w), Some(r#do), Some(dv), g, gk, h0, dht, cu_seqlens, chunk_indices, chunk_offsets];
+    if !tensors.into_iter().all(plain) || env::force().map_or(true, |f| f.is_some()) {
         return Ok(None);
     }
     let (call, plan) = guard(|| {
         let rule = parse_rule(rule)?;
-        let a = call_args(q, k, w, r#do, dv, g, gk, h0, dht, scale, &state_v_first, None, &chunk_size, None)?;
+        let a = call_args(
+            q,
+            k,
+            w,
+            r#do,
+            dv,
+            g,
+            gk,
+            h0,
+            dht,
+            scale,
+            &state_v_first,
+            cu_seqlens,
+            &chunk_size,
+            chunk_indices,
+            chunk_offsets,
+            None,
+        )?;
         launch::Prepared::new(a, rule)
     })?;
-    if !plan.runs_in_one_crossing() {
-        return Ok(None);
-    }
-    let d = &call.desc.dims;
-    let nt = (d.t + 63) / 64;
-    let dh_shape = if call.desc.state_v_first { (d.b, nt, d.hv, d.v, d.k) } else { (d.b, nt, d.hv, d.k, d.v) };
-    let new_empty = pyo3::intern!(py, "new_empty");
-    let dh = q.call_method1(new_empty, (dh_shape,))?;
-    let dh0 = match &call.args.h0 {
-        Some(h) => Some(q.call_method(new_empty, (h.shape.clone(),), Some(&float32_kwargs(py)?))?),
-        None => None,
-    };
-    let dv2 = dv.call_method1(new_empty, ((d.b, d.t, d.hv, d.v),))?;
-    let ordinal = call.desc.device.unwrap_or(0);
-    let stream = current_stream(py, ordinal)?;
+    run_prepared(py, &call, &plan, q, dv)
+}
+
+/// Checks a packed batch's tables on the host (`src/varlen.rs`, the one checker): cu_seqlens
+/// [N + 1] of T tokens, chunk_offsets [N + 1] when given, against dh's `nt` rows when given.
+/// Returns the chunk offsets [N + 1]; raises ValueError naming the argument.
+#[pyfunction]
+#[pyo3(signature = (cu_seqlens, t, chunk_offsets=None, nt=None))]
+fn check_tables(cu_seqlens: Vec<i64>, t: i64, chunk_offsets: Option<Vec<i64>>, nt: Option<i64>) -> PyResult<Vec<i64>> {
+    guard(|| varlen::check_tables(&cu_seqlens, t, chunk_offsets.as_deref(), nt))
+}
+
+/// Raises (ValueError naming the argument) a bad packed batch that a kernel on cuda:`ordinal`
+/// found since the last look, once. Does not synchronize.
+#[pyfunction]
+fn check_input_errors(ordinal: i32) -> PyResult<()> {
+    guard(|| launch::check_input_errors(ordinal, -1, -1))
+}
+
+/// KDA_DHU_FORCE: None, "kernel" or "fla"; raises ValueError for another value.
+#[pyfunction]
+fn force() -> PyResult<Option<&'static str>> {
     guard(|| {
-        let o = outputs(&dh, dh0.as_ref(), &dv2)?;
-        call.launch(&o, None, stream)
-    })?;
-    let dh0 = dh0.unwrap_or_else(|| py.None().into_bound(py));
-    Ok(Some(pyo3::types::PyTuple::new(py, [dh, dh0, dv2])?))
+        Ok(env::force()?.map(|f| match f {
+            env::Force::Kernel => "kernel",
+            env::Force::Fla => "fla",
+        }))
+    })
+}
+
+/// Every environment switch: [(name, meaning, current value or None)].
+#[pyfunction]
+fn switches() -> Vec<(&'static str, &'static str, Option<String>)> {
+    env::SWITCHES.iter().map(|&(name, meaning)| (name, meaning, env::value(name))).collect()
 }
 
 /// How torch tensors are read: "exchange" (DLPack's C exchange API, torch >= 2.10),
@@ -587,8 +672,11 @@ fn embedded_kernels() -> Vec<(String, String)> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_validate, m)?)?;
-    m.add_function(wrap_pyfunction!(py_plan, m)?)?;
     m.add_function(wrap_pyfunction!(py_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(check_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(check_input_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(force, m)?)?;
+    m.add_function(wrap_pyfunction!(switches, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;

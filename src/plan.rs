@@ -12,7 +12,7 @@
 //! envelope only (gk gate, H == HV, dense, dht given, T % 64 == 0), under every rule,
 //! with no CTA floor of its own (B2a keeps its 256-CTA floor).
 
-use crate::abi::{FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_VARLEN};
+use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
 use std::fmt;
@@ -303,15 +303,6 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
         }
         Rule::Extended | Rule::Capable => {
             let ctas = d.n * d.hv * (d.v / BV);
-            let index_clause = || {
-                if desc.cu_seqlens == Some(DType::I32) {
-                    Some("cu_seqlens is int32 (the kernel reads int64)".to_string())
-                } else if desc.chunk_offsets == Some(DType::I32) {
-                    Some("chunk_offsets is int32 (the kernel reads int64)".to_string())
-                } else {
-                    None
-                }
-            };
             let mut clauses = vec![
                 chunk_clause(),
                 k_clause(),
@@ -319,7 +310,6 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 dtype_clause(),
                 same_dtype_clause(),
                 (desc.has_g && desc.has_gk).then(|| "both g and gk are given".to_string()),
-                index_clause(),
                 grid_clause(),
             ];
             if rule == Rule::Extended && arch != Some(Arch::Sm100) {
@@ -353,15 +343,9 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
     if let Some(reason) = clauses.into_iter().flatten().next() {
         return Some(reason);
     }
-    // Layouts: fla copies non-contiguous input, so these are fallbacks, not errors.
-    for l in &desc.layouts {
-        if !l.contiguous {
-            return Some(format!("{} is not contiguous", l.name));
-        }
-        if l.needs_align16 && !l.aligned16 {
-            return Some(format!("{} is not 16-byte aligned", l.name));
-        }
-    }
+    // Layouts are not clauses: an input that is not packed is copied before either the
+    // kernel or fla's function reads it (`CallDesc::copies`), and the plan is the packed
+    // call's.
     match arch {
         Some(Arch::Sm90) => None,
         Some(Arch::Sm100) => sm100_envelope(desc),
@@ -409,6 +393,12 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
     if desc.varlen() {
         flags |= FLAG_VARLEN;
     }
+    if desc.cu_seqlens == Some(DType::I32) {
+        flags |= FLAG_CU_I32;
+    }
+    if desc.chunk_offsets == Some(DType::I32) {
+        flags |= FLAG_OFFSETS_I32;
+    }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
     let nwg = warpgroups(desc, dev, arch, sm90_nwg_override());
     Plan::Kernel {
@@ -445,11 +435,7 @@ pub fn warpgroups(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: O
 
 /// `KDA_DHU_SM90_NWG` (1 or 2), read at every plan: a measurement switch.
 fn sm90_nwg_override() -> Option<u32> {
-    match std::env::var("KDA_DHU_SM90_NWG").ok()?.trim() {
-        "1" => Some(1),
-        "2" => Some(2),
-        _ => None,
-    }
+    crate::env::sm90_nwg()
 }
 
 #[cfg(test)]
@@ -473,6 +459,7 @@ mod tests {
             has_dht: true,
             cu_seqlens: None,
             chunk_offsets: None,
+            nt: Some(4),
             state_v_first: false,
             scale: 128f64.powf(-0.5),
             chunk_size: 64,
@@ -583,7 +570,7 @@ mod tests {
                     d.cu_seqlens = Some(DType::I32)
                 },
                 "cu_seqlens is given",
-                Some("cu_seqlens is int32 (the kernel reads int64)"),
+                None,
             ),
             (
                 "chunk_offsets int32",
@@ -592,7 +579,7 @@ mod tests {
                     d.chunk_offsets = Some(DType::I32)
                 },
                 "cu_seqlens is given",
-                Some("chunk_offsets is int32 (the kernel reads int64)"),
+                None,
             ),
             (
                 "state_v_first",
@@ -612,29 +599,9 @@ mod tests {
                 "dtypes differ (q, k, w are bfloat16; do, dv are float32)",
                 Some("dtypes differ (q, k, w are bfloat16; do, dv are float32)"),
             ),
-            ("w strided", |d| set_layout(d, "w", false, true), "w is not contiguous", Some("w is not contiguous")),
-            ("q strided", |d| set_layout(d, "q", false, true), "q is not contiguous", Some("q is not contiguous")),
-            (
-                "dv misaligned",
-                |d| set_layout(d, "dv", true, false),
-                "dv is not 16-byte aligned",
-                Some("dv is not 16-byte aligned"),
-            ),
-            (
-                "gk misaligned",
-                |d| set_layout(d, "gk", true, false),
-                "gk is not 16-byte aligned",
-                Some("gk is not 16-byte aligned"),
-            ),
-            (
-                "dht misaligned",
-                |d| set_layout(d, "dht", true, false),
-                "dht is not 16-byte aligned",
-                Some("dht is not 16-byte aligned"),
-            ),
-            ("h0 strided", |d| set_layout(d, "h0", false, true), "h0 is not contiguous", Some("h0 is not contiguous")),
-            // h0 is never read: its alignment does not matter.
-            ("h0 misaligned", |d| set_layout(d, "h0", true, false), "", None),
+            // Layouts are not clauses: the plan is the packed call's (the inputs are copied).
+            ("w strided", |d| set_layout(d, "w", false, true), "", None),
+            ("dv misaligned", |d| set_layout(d, "dv", true, false), "", None),
             (
                 "HV too large",
                 |d| {
@@ -894,6 +861,8 @@ mod tests {
             ("g instead of gk", "sm_100 kernel: g gate not supported"),
             ("GVA", "sm_100 kernel: GVA not supported (H=16, HV=32)"),
             ("varlen", "sm_100 kernel: cu_seqlens not supported"),
+            ("varlen int32", "sm_100 kernel: cu_seqlens not supported"),
+            ("chunk_offsets int32", "sm_100 kernel: cu_seqlens not supported"),
             ("state_v_first", "sm_100 kernel: state_v_first not supported"),
         ]
     }

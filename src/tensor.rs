@@ -296,11 +296,7 @@ mod py {
             .get_or_try_init(py, || -> PyResult<Torch> {
                 let torch = py.import("torch")?;
                 let tensor = torch.getattr("Tensor")?;
-                let exchange = if std::env::var_os("KDA_DHU_NO_EXCHANGE_API").is_some() {
-                    None
-                } else {
-                    exchange_api(&torch, &tensor)
-                };
+                let exchange = if crate::env::no_exchange_api() { None } else { exchange_api(&torch, &tensor) };
                 Ok(Torch {
                     tensor: tensor.cast_into::<PyType>()?.unbind(),
                     parameter: torch.getattr("nn")?.getattr("Parameter")?.cast_into::<PyType>()?.unbind(),

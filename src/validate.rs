@@ -7,6 +7,7 @@
 //! tests exercise everything else without a GPU.
 
 use crate::error::{Error, Result};
+use crate::plan::BT;
 use crate::tensor::{fmt_shape, DType, TensorMeta};
 
 /// fla's head-dimension limit (`assert K <= 256`).
@@ -28,7 +29,12 @@ pub struct CallArgs {
     pub state_v_first: bool,
     pub cu_seqlens: Option<TensorMeta>,
     pub chunk_size: i64,
+    /// fla's chunk table [NT, 2] of a packed batch: only its length (dh's NT) is used.
+    pub chunk_indices: Option<TensorMeta>,
     pub chunk_offsets: Option<TensorMeta>,
+    /// dh's NT for a packed batch when the caller knows it without chunk_indices (the
+    /// Python layer's cached count), else None.
+    pub nt: Option<i64>,
 }
 
 /// Extents of a call. N = B without cu_seqlens, len(cu_seqlens) - 1 with.
@@ -43,7 +49,7 @@ pub struct Dims {
     pub n: i64,
 }
 
-/// One tensor's layout facts, as the planner needs them.
+/// One tensor's layout facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorLayout {
     pub name: &'static str,
@@ -51,6 +57,14 @@ pub struct TensorLayout {
     pub aligned16: bool,
     /// The kernel reads it through TMA or vector loads: 16-byte alignment required.
     pub needs_align16: bool,
+}
+
+impl TensorLayout {
+    /// Laid out as the kernel and fla's function read it: contiguous (fla's function reads
+    /// every tensor as if it were), 16-byte aligned where the kernel needs it.
+    pub fn packed(&self) -> bool {
+        self.contiguous && (self.aligned16 || !self.needs_align16)
+    }
 }
 
 /// A validated call, reduced to what planning and launching need (no pointers).
@@ -67,8 +81,12 @@ pub struct CallDesc {
     pub has_dht: bool,
     /// dtype of cu_seqlens when given (varlen).
     pub cu_seqlens: Option<DType>,
-    /// dtype of chunk_offsets when given together with cu_seqlens.
+    /// dtype of chunk_offsets when given together with cu_seqlens with N + 1 entries
+    /// (fla's table; the kernel reads it). None: the kernel sums the chunk counts itself.
     pub chunk_offsets: Option<DType>,
+    /// dh's NT: ceil(T / 64) per batch row (dense); with cu_seqlens, len(chunk_indices)
+    /// or the caller's count, None while unknown on the host.
+    pub nt: Option<i64>,
     pub state_v_first: bool,
     /// The scale the kernel applies (K^-0.5 when None was given).
     pub scale: f64,
@@ -82,6 +100,30 @@ impl CallDesc {
     pub fn varlen(&self) -> bool {
         self.cu_seqlens.is_some()
     }
+
+    /// The inputs to copy into packed tensors before either implementation reads them
+    /// (fla's function reads every tensor as if contiguous; the kernel also needs 16-byte
+    /// alignment). Empty for the usual call.
+    pub fn copies(&self) -> Vec<&'static str> {
+        self.layouts.iter().filter(|l| !l.packed()).map(|l| l.name).collect()
+    }
+
+    /// Output shapes (dh, dh0 or None, dv2), once NT is known.
+    pub fn out_shapes(&self) -> Option<OutShapes> {
+        let Dims { b, t, hv, k, v, n, .. } = self.dims;
+        let nt = self.nt?;
+        let (dh, state) =
+            if self.state_v_first { ([b, nt, hv, v, k], [n, hv, v, k]) } else { ([b, nt, hv, k, v], [n, hv, k, v]) };
+        Some(OutShapes { dh, dh0: self.has_h0.then_some(state), dv2: [b, t, hv, v] })
+    }
+}
+
+/// What the caller allocates: dh in q's dtype, dh0 float32 (when h0 is given), dv2 like dv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutShapes {
+    pub dh: [i64; 5],
+    pub dh0: Option<[i64; 4]>,
+    pub dv2: [i64; 4],
 }
 
 fn fmt_f64(x: f64) -> String {
@@ -150,8 +192,8 @@ fn extents_fit(t: &TensorMeta) -> bool {
     true
 }
 
-/// Every tensor argument with its name, in fla's order (chunk_offsets only with
-/// cu_seqlens: fla ignores it otherwise).
+/// Every tensor argument with its name, in fla's order (chunk_indices and chunk_offsets
+/// only with cu_seqlens: fla ignores them otherwise).
 fn named_tensors(a: &CallArgs) -> Vec<(&'static str, &TensorMeta)> {
     let mut v: Vec<(&'static str, &TensorMeta)> =
         vec![("q", &a.q), ("k", &a.k), ("w", &a.w), ("do", &a.do_), ("dv", &a.dv)];
@@ -161,8 +203,10 @@ fn named_tensors(a: &CallArgs) -> Vec<(&'static str, &TensorMeta)> {
         }
     }
     if a.cu_seqlens.is_some() {
-        if let Some(t) = &a.chunk_offsets {
-            v.push(("chunk_offsets", t));
+        for (name, t) in [("chunk_indices", &a.chunk_indices), ("chunk_offsets", &a.chunk_offsets)] {
+            if let Some(t) = t {
+                v.push((name, t));
+            }
         }
     }
     v
@@ -250,13 +294,38 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
             cu.shape[0] - 1
         }
     };
+    let mut nt = Some((t + BT - 1) / BT);
     if a.cu_seqlens.is_some() {
         if let Some(co) = &a.chunk_offsets {
-            // fla's prepare_chunk_offsets gives N+1 entries; the kernel reads the first N.
+            // fla's prepare_chunk_offsets gives N+1 entries (the kernel reads them); a
+            // table of N (fla's kernel reads only those) is not used: the kernel sums.
             if co.ndim() != 1 || (co.shape[0] != n && co.shape[0] != n + 1) {
                 return Err(Error::shape(
                     "chunk_offsets",
                     format!("expected shape [N={n}] or [N+1={}], got {}", n + 1, fmt_shape(&co.shape)),
+                ));
+            }
+        }
+        nt = match (&a.chunk_indices, a.nt) {
+            (Some(ci), _) => {
+                if ci.ndim() != 2 || ci.shape[1] != 2 {
+                    return Err(Error::shape(
+                        "chunk_indices",
+                        format!("expected shape [NT, 2] (sequence, chunk) rows, got {}", fmt_shape(&ci.shape)),
+                    ));
+                }
+                Some(ci.shape[0])
+            }
+            (None, hint) => hint,
+        };
+        if let Some(x) = nt {
+            // sum ceil(len_i / BT) <= ceil(T / BT) + N - 1 (fla's CUDA-graph budget is that
+            // bound); dh's extents reach the kernel as int32.
+            let bound = (t + BT - 1) / BT + n - 1;
+            if x < 0 || x > bound || x > i32::MAX as i64 {
+                return Err(Error::shape(
+                    "chunk_indices",
+                    format!("expected at most {bound} rows (chunks of {n} sequences in T={t} tokens), got NT={x}"),
                 ));
             }
         }
@@ -297,9 +366,12 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
     if let Some(cu) = &a.cu_seqlens {
         expect_dtype_in(cu, "cu_seqlens", INDEX, INDEX_WORDS)?;
         cu_dtype = Some(cu.dtype);
+        if let Some(ci) = &a.chunk_indices {
+            expect_dtype_in(ci, "chunk_indices", INDEX, INDEX_WORDS)?;
+        }
         if let Some(co) = &a.chunk_offsets {
             expect_dtype_in(co, "chunk_offsets", INDEX, INDEX_WORDS)?;
-            co_dtype = Some(co.dtype);
+            co_dtype = (co.shape[0] == n + 1).then_some(co.dtype);
         }
     }
 
@@ -362,6 +434,9 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
         .iter()
         .map(|(name, t)| {
             let needs_align16 = matches!(*name, "q" | "k" | "w" | "do" | "dv" | "gk" | "dht");
+            // h0 is never read (only its shape and dtype matter), but fla's function
+            // allocates dh0 like it and writes it as if contiguous: a strided h0 is
+            // replaced by a contiguous one (no data copied) on every route.
             TensorLayout { name, contiguous: t.is_contiguous(), aligned16: t.is_aligned(16), needs_align16 }
         })
         .collect();
@@ -376,6 +451,7 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
         has_dht: a.dht.is_some(),
         cu_seqlens: cu_dtype,
         chunk_offsets: co_dtype,
+        nt,
         state_v_first: a.state_v_first,
         scale,
         chunk_size: a.chunk_size,
@@ -413,8 +489,8 @@ fn expect_output_layout(t: &TensorMeta, arg: &'static str, device: Option<i32>) 
 
 /// Checks the outputs against a validated call and returns NT, the number of dh
 /// checkpoints per batch row: ceil(T/64) dense; with cu_seqlens it is dh.shape[1]
-/// (the total chunk count, which Python computed from cu_seqlens), bounded by what
-/// N sequences packed in T tokens can have.
+/// (len(chunk_indices) where given), bounded by what N sequences packed in T tokens can
+/// have. Whether the sequences' chunks fit in it is checked on the device.
 pub fn validate_outputs(d: &CallDesc, o: &Outputs) -> Result<i64> {
     let Dims { b, t, hv, k, v, n, .. } = d.dims;
     let bt = d.chunk_size;
@@ -422,9 +498,19 @@ pub fn validate_outputs(d: &CallDesc, o: &Outputs) -> Result<i64> {
     expect_rank(&o.dh, "dh", 5, "[B, NT, HV, K, V]")?;
     let nt = if d.varlen() {
         let nt = o.dh.shape[1];
+        if d.nt.is_some_and(|want| want != nt) {
+            return Err(Error::shape(
+                "dh",
+                format!(
+                    "expected dim 1 = NT = {} (len(chunk_indices)), got shape {}",
+                    d.nt.unwrap_or(0),
+                    fmt_shape(&o.dh.shape)
+                ),
+            ));
+        }
         // sum ceil(len_i/BT) <= ceil(T/BT) + N - 1; a padded packed batch
-        // (cu_seqlens[-1] < T) has fewer chunks than ceil(T/BT), so 1 is the lower bound.
-        // TMA clips every dh store to [0, B*NT) whatever chunk_offsets say.
+        // (cu_seqlens[-1] < T) has fewer chunks than ceil(T/BT), so 1 is the lower bound
+        // (a call with no chunks at all never reaches a kernel).
         if nt < 1 || nt > dense_nt + n - 1 {
             return Err(Error::shape(
                 "dh",
@@ -497,7 +583,9 @@ pub(crate) mod tests {
             state_v_first: false,
             cu_seqlens: None,
             chunk_size: 64,
+            chunk_indices: None,
             chunk_offsets: None,
+            nt: None,
         }
     }
 
@@ -812,58 +900,53 @@ pub(crate) mod tests {
     /// planner names the layout in its fallback reason. The torch views of
     /// tests/test_bad_input.py, as DLPack describes them.
     #[test]
-    fn views_validate_and_plan_names_the_layout() {
-        use crate::plan::{plan, DeviceInfo, Plan, Rule};
+    fn views_are_planned_as_packed_and_named_for_a_copy() {
+        use crate::plan::{plan, DeviceInfo, Rule};
         const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
-        let reason = |a: &CallArgs, rule: Rule| -> Option<String> {
-            let d = validate(a, true).expect("a view is valid input");
-            match plan(&d, &H200, rule) {
-                Plan::Kernel { .. } => None,
-                Plan::Fallback { reason } => Some(reason),
-            }
-        };
         let mut a = base(); // [2, 128, 4, 128] q/k/w, [2, 128, 4, 64] do/dv
         to_cuda(&mut a, 0);
-        assert_eq!(reason(&a, Rule::Extended), None, "the contiguous call is a kernel call");
-        assert_eq!(reason(&a, Rule::Capable), None);
+        let d = validate(&a, true).unwrap();
+        assert!(d.copies().is_empty(), "the contiguous call copies nothing");
+        assert!(plan(&d, &H200, Rule::Extended).is_kernel());
 
-        type View = (&'static str, fn(&mut CallArgs), &'static str);
+        type View = (&'static str, fn(&mut CallArgs), &'static [&'static str]);
         let views: Vec<View> = vec![
             // torch.randn(B, H, T, K).transpose(1, 2)
-            ("q transposed", |a| a.q.strides = Some(vec![128 * 4 * 128, 128, 128 * 128, 1]), "q is not contiguous"),
+            ("q transposed", |a| a.q.strides = Some(vec![128 * 4 * 128, 128, 128 * 128, 1]), &["q"]),
             // torch.randn(B, T, H, 2K)[..., ::2]
-            ("k [..., ::2]", |a| a.k.strides = Some(vec![128 * 4 * 256, 4 * 256, 256, 2]), "k is not contiguous"),
+            ("k [..., ::2]", |a| a.k.strides = Some(vec![128 * 4 * 256, 4 * 256, 256, 2]), &["k"]),
             // do expanded along T (stride 0)
-            ("do expanded", |a| a.do_.strides = Some(vec![4 * 64, 0, 64, 1]), "do is not contiguous"),
+            ("do expanded", |a| a.do_.strides = Some(vec![4 * 64, 0, 64, 1]), &["do"]),
             // flat[1:].view(shape) of a bf16 buffer: 2 bytes past an aligned pointer
-            ("dv offset by one element", |a| a.dv.ptr += 2, "dv is not 16-byte aligned"),
-            ("w offset by 8 elements", |a| a.w.ptr += 16, ""),
-            ("gk offset by one float", |a| a.gk.as_mut().unwrap().ptr += 4, "gk is not 16-byte aligned"),
-            ("dht offset by one float", |a| a.dht.as_mut().unwrap().ptr += 4, "dht is not 16-byte aligned"),
+            ("dv offset by one element", |a| a.dv.ptr += 2, &["dv"]),
+            ("w offset by 8 elements", |a| a.w.ptr += 16, &[]),
+            ("gk offset by one float", |a| a.gk.as_mut().unwrap().ptr += 4, &["gk"]),
+            ("dht offset by one float", |a| a.dht.as_mut().unwrap().ptr += 4, &["dht"]),
             // dht.mT.contiguous().mT: right shape, K and V strides swapped
             (
                 "dht column-major",
                 |a| a.dht.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]),
-                "dht is not contiguous",
+                &["dht"],
             ),
-            // h0 is never read: only its presence matters
-            ("h0 offset", |a| a.h0.as_mut().unwrap().ptr += 4, ""),
+            // h0 is never read: its alignment does not matter, its layout does (fla allocates dh0 like it)
+            ("h0 offset", |a| a.h0.as_mut().unwrap().ptr += 4, &[]),
+            ("h0 transposed", |a| a.h0.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]), &["h0"]),
             (
-                "h0 transposed",
-                |a| a.h0.as_mut().unwrap().strides = Some(vec![4 * 128 * 64, 128 * 64, 1, 128]),
-                "h0 is not contiguous",
+                "q and dv",
+                |a| {
+                    a.q.strides = Some(vec![128 * 4 * 128, 128, 128 * 128, 1]);
+                    a.dv.ptr += 2;
+                },
+                &["q", "dv"],
             ),
         ];
         for (what, mutate, want) in views {
             let mut b = a.clone();
             mutate(&mut b);
+            let d = validate(&b, true).expect("a view is valid input");
+            assert_eq!(d.copies(), want.to_vec(), "{what}");
             for rule in [Rule::Extended, Rule::Capable] {
-                let got = reason(&b, rule);
-                if want.is_empty() {
-                    assert_eq!(got, None, "{what} {rule:?}");
-                } else {
-                    assert_eq!(got.as_deref(), Some(want), "{what} {rule:?}");
-                }
+                assert!(plan(&d, &H200, rule).is_kernel(), "{what} {rule:?}: the packed call's plan");
             }
         }
         // A negative stride is the one layout that is an error (fla cannot take it either).

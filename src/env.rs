@@ -1,0 +1,96 @@
+//! Every environment switch of kda-dhu, read here and nowhere else (Python asks through
+//! `_core.switches()` / `_core.force()`). Read at each use, so that a training script or a
+//! test may change them between calls. Values that mean "unset": absent, "", "0", "auto".
+//!
+//! | variable | values | effect |
+//! |---|---|---|
+//! | `KDA_DHU_FORCE` | `kernel`, `fla` | force a path (debugging): `kernel` runs the kernel wherever it can compute the call (the planner's "capable" rule) and raises where it cannot; `fla` always runs fla's function |
+//! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
+//! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
+//! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
+//! | `KDA_DHU_NO_AUTOREGISTER` | `1` | do not register kda-dhu in fla's backend registry on import |
+//! | `FLA_KDA_DHU` | `0` | fla's own switch of this backend (read by fla) |
+
+use crate::error::{Error, Result};
+
+/// `KDA_DHU_FORCE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Force {
+    Kernel,
+    Fla,
+}
+
+pub const FORCE: &str = "KDA_DHU_FORCE";
+pub const CHECK_INPUTS: &str = "KDA_DHU_CHECK_INPUTS";
+pub const SM90_NWG: &str = "KDA_DHU_SM90_NWG";
+pub const NO_EXCHANGE_API: &str = "KDA_DHU_NO_EXCHANGE_API";
+pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
+
+/// Every switch, with its meaning (the table above), for `_core.switches()` and --doctor.
+pub const SWITCHES: &[(&str, &str)] = &[
+    (FORCE, "kernel|fla: force a path (debugging)"),
+    (CHECK_INPUTS, "1: check packed-batch tables on the host before each call (synchronizes)"),
+    (SM90_NWG, "1|2: Hopper kernel's consumer warpgroups per CTA (measurements)"),
+    (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
+    (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
+];
+
+/// The value of `name`, trimmed and lower-cased; None when unset (absent, "", "0", "auto").
+pub fn value(name: &str) -> Option<String> {
+    let v = std::env::var(name).ok()?;
+    let v = v.trim().to_ascii_lowercase();
+    (!matches!(v.as_str(), "" | "0" | "auto")).then_some(v)
+}
+
+/// Whether a flag switch is set (any value but the unset ones).
+pub fn flag(name: &str) -> bool {
+    value(name).is_some()
+}
+
+/// `KDA_DHU_FORCE`: None, Kernel or Fla; another value is an error naming the switch.
+pub fn force() -> Result<Option<Force>> {
+    match value(FORCE).as_deref() {
+        None => Ok(None),
+        Some("kernel") => Ok(Some(Force::Kernel)),
+        Some("fla") => Ok(Some(Force::Fla)),
+        Some(other) => Err(Error::value(FORCE, format!("expected 'kernel', 'fla' or unset, got {other:?}"))),
+    }
+}
+
+/// `KDA_DHU_CHECK_INPUTS`.
+pub fn check_inputs() -> bool {
+    flag(CHECK_INPUTS)
+}
+
+/// `KDA_DHU_SM90_NWG` (1 or 2); other values are ignored.
+pub fn sm90_nwg() -> Option<u32> {
+    match value(SM90_NWG).as_deref() {
+        Some("1") => Some(1),
+        Some("2") => Some(2),
+        _ => None,
+    }
+}
+
+/// `KDA_DHU_NO_EXCHANGE_API`.
+pub fn no_exchange_api() -> bool {
+    flag(NO_EXCHANGE_API)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_values() {
+        // SAFETY (edition 2021: set_var is safe): a name no other test reads.
+        let name = "KDA_DHU_TEST_SWITCH_UNSET_VALUES";
+        for v in ["", "0", "auto", " AUTO "] {
+            std::env::set_var(name, v);
+            assert_eq!(value(name), None, "{v:?}");
+        }
+        std::env::set_var(name, " Kernel ");
+        assert_eq!(value(name).as_deref(), Some("kernel"));
+        std::env::remove_var(name);
+        assert!(!flag(name));
+    }
+}
