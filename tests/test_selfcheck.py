@@ -586,6 +586,12 @@ def test_off_wins_over_a_passed_verdict(tmp_path, monkeypatch):
     assert chk.run(SIG, kern, fla) is fla.result and kern.calls == 0
 
 
+@pytest.mark.parametrize("unset", ["", "0", "auto", " Check "])
+def test_unset_switch_values_mean_check(tmp_path, monkeypatch, unset):
+    monkeypatch.setenv(MODE_ENV, unset)
+    assert _check(tmp_path, PASSES).mode() == "check"
+
+
 def test_an_unknown_switch_value_raises_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv(MODE_ENV, "trusted")
     with pytest.raises(ValueError, match=r"KDA_DHU_SM100: expected one of check, wait, on, off .*'trusted'"):

@@ -550,9 +550,16 @@ class SelfCheck:
         self._worker: threading.Thread | None = None
 
     def mode(self) -> str:
-        """The switch: check (default), wait, on or off. Raises ValueError on another value."""
+        """The switch: check (unset: absent, or one of the project's unset values, "", "0",
+        "auto"), wait, on or off. Raises ValueError on another value."""
         raw = os.environ.get(self.mode_env)
-        value = (raw or "").strip().lower() or "check"
+        if raw is None:
+            return "check"
+        from ._dispatch import _FORCE_UNSET as unset  # the switches' "unset" values
+
+        value = raw.strip().lower()
+        if value in unset:
+            return "check"
         if value not in MODES:
             raise ValueError(f"{self.mode_env}: expected one of {', '.join(MODES)} or unset, got {raw!r}")
         return value
