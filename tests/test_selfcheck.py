@@ -626,15 +626,32 @@ def test_signature_of_a_call():
 # ----------------------------------------------------------------------------- the dispatcher
 
 
+class _FakeCall:
+    nt = 1
+
+
+class _FakeCore:
+    @staticmethod
+    def run(*a, **k):
+        return None  # the one-crossing path hands the call to the general path
+
+
+def _inject_plan(monkeypatch, reason, run_kernel, run_fla):
+    """The general path with an injected plan (``reason``), kernel and fla. (The
+    one-crossing path, _core.run, hands sm_100a plans to the general path: cargo test
+    plan_runs_in_one_crossing_only_on_sm90.)"""
+    monkeypatch.setattr(_dispatch, "_core", _FakeCore)
+    monkeypatch.setattr(_dispatch, "_decide", lambda rule, c: (True, reason, _FakeCall, c))
+    monkeypatch.setattr(_dispatch, "_launch", lambda *a, **k: run_kernel())
+    monkeypatch.setattr(_dispatch._Call, "fla", lambda self: run_fla())
+
+
 def test_dispatcher_routes_sm100_plans_through_the_guard(monkeypatch, tmp_path):
     """Injected: plans saying kernel-sm100a, a check process that reports a wrong kernel.
     fla's result comes back from the first call on, the kernel never runs, one warning."""
     monkeypatch.setattr(_dispatch, "SM100_CHECK", _check(tmp_path, REPORTS_WRONG))
     good = _outs(4)
-    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)  # _core.run hands sm_100a back
-    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm100a", None))
-    monkeypatch.setattr(_dispatch, "_run_kernel", _never)
-    monkeypatch.setattr(_dispatch, "fla_function", lambda: lambda **kw: good)
+    _inject_plan(monkeypatch, "kernel-sm100a", _never, lambda: good)
     q = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -653,10 +670,7 @@ def test_dispatcher_routes_sm100_plans_through_the_guard(monkeypatch, tmp_path):
 def test_dispatcher_runs_the_kernel_once_the_check_passed(monkeypatch, tmp_path):
     monkeypatch.setattr(_dispatch, "SM100_CHECK", _check(tmp_path, PASSES))
     ours, theirs = _outs(5), _outs(6)
-    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)
-    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm100a", None))
-    monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: ours)
-    monkeypatch.setattr(_dispatch, "fla_function", lambda: lambda **kw: theirs)
+    _inject_plan(monkeypatch, "kernel-sm100a", lambda: ours, lambda: theirs)
     q = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)
     assert _dispatch.chunk_gated_delta_rule_bwd_dhu(q, q, q, q, q) is theirs
     assert _dispatch.SM100_CHECK.wait(signature_of("extended", q, q), timeout=60).passed
@@ -666,10 +680,7 @@ def test_dispatcher_runs_the_kernel_once_the_check_passed(monkeypatch, tmp_path)
 def test_sm90_plans_are_not_checked(monkeypatch, tmp_path):
     monkeypatch.setattr(_dispatch, "SM100_CHECK", _check(tmp_path, lambda r: _never()))
     ours = _outs(5)
-    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)  # the general path's guard
-    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
-    monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: ours)
-    monkeypatch.setattr(_dispatch, "fla_function", _never)
+    _inject_plan(monkeypatch, "kernel-sm90a", lambda: ours, _never)
     q = torch.zeros(1, 64, 1, 8, dtype=torch.bfloat16)
     assert _dispatch.chunk_gated_delta_rule_bwd_dhu(q, q, q, q, q) is ours
 

@@ -504,6 +504,20 @@ if hasattr(os, "register_at_fork"):
     )
 
 
+_switch = None
+
+
+def _read_switch(name: str) -> str | None:
+    """``_core.switch(name)``: the switch's value, trimmed and lower-cased, or None where
+    unset (the core reads every switch: src/env.rs)."""
+    global _switch
+    if _switch is None:
+        from ._core import switch
+
+        _switch = switch
+    return _switch(name)
+
+
 class SelfCheck:
     """The guard of one kernel (one architecture): per signature, run it only once a check
     process has passed it (see the module docstring).
@@ -550,18 +564,13 @@ class SelfCheck:
         self._worker: threading.Thread | None = None
 
     def mode(self) -> str:
-        """The switch: check (unset: absent, or one of the project's unset values, "", "0",
-        "auto"), wait, on or off. Raises ValueError on another value."""
-        raw = os.environ.get(self.mode_env)
-        if raw is None:
-            return "check"
-        from ._dispatch import _FORCE_UNSET as unset  # the switches' "unset" values
-
-        value = raw.strip().lower()
-        if value in unset:
+        """The switch: check (unset: absent, "", "0" or "auto"), wait, on or off, read by
+        the core like every switch (src/env.rs). Raises ValueError on another value."""
+        value = _read_switch(self.mode_env)
+        if value is None:
             return "check"
         if value not in MODES:
-            raise ValueError(f"{self.mode_env}: expected one of {', '.join(MODES)} or unset, got {raw!r}")
+            raise ValueError(f"{self.mode_env}: expected one of {', '.join(MODES)} or unset, got {value!r}")
         return value
 
     def run(self, signature: Signature, kernel_fn: Callable[[], tuple], fla_fn: Callable[[], tuple]):

@@ -79,18 +79,22 @@ def build_id() -> str:
     extension (the kernel images live in it): "0.1.0+3f2a...". "+nocore" without one."""
     global _build
     if _build is None:
-        import kda_dhu
+        from . import __version__
 
+        try:
+            from . import _core
+
+            path = _core.__file__
+        except ImportError:
+            path = None
         digest = "nocore"
-        core = getattr(kda_dhu._dispatch, "_core", None)
-        path = getattr(core, "__file__", None)
         if path:
             h = hashlib.sha256()
             with open(path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     h.update(block)
             digest = h.hexdigest()[:12]
-        _build = f"{kda_dhu.__version__}+{digest}"
+        _build = f"{__version__}+{digest}"
     return _build
 
 

@@ -122,13 +122,32 @@ def _op(
 
         if _dispatch._core is not None:  # the same input checks as the CUDA path
             _dispatch._core.validate(
-                q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, BT, chunk_offsets
+                q,
+                k,
+                w,
+                do,
+                dv,
+                g,
+                gk,
+                h0,
+                dht,
+                scale,
+                state_v_first,
+                cu_seqlens,
+                BT,
+                chunk_indices,
+                chunk_offsets,
             )
         if cu_seqlens is not None:
-            # cu_seqlens' values checked as the CUDA path checks them; the chunk offsets
-            # are these cu_seqlens' own (a caller's chunk_offsets is not trusted, as there)
-            _, offsets = _dispatch._varlen_chunks(cu_seqlens, q.shape[1])
-            kw["chunk_offsets"] = offsets[:-1]
+            # cu_seqlens' values checked by the checker the device runs (with the caller's
+            # chunk_offsets where it has N + 1 entries); the offsets are these cu_seqlens' own
+            n1 = cu_seqlens.shape[0]
+            given = (
+                chunk_offsets.tolist() if chunk_offsets is not None and chunk_offsets.shape[0] == n1 else None
+            )
+            nt = chunk_indices.shape[0] if chunk_indices is not None else None
+            offsets = _dispatch._core.check_tables(cu_seqlens.tolist(), q.shape[1], given, nt)
+            kw["chunk_offsets"] = torch.tensor(offsets[:-1], dtype=torch.int64)
 
         dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu_ref(q, k, w, do, dv, **kw)
         dh, dv2 = dh.to(q.dtype), dv2.to(dv.dtype)

@@ -238,36 +238,27 @@ def naive_bwd_dhu(
 # and count what the dispatcher did.
 
 
-def _prepare(args: dict, rule: str):
-    """The planner's (use_kernel, reason, prepared call) for a ``make_inputs`` dict."""
+def _call(args: dict):
+    """A ``make_inputs`` dict as the dispatcher's general path carries a call."""
     from . import _dispatch
 
     a = args
-    with _dispatch._device_ctx(a["q"]):
-        return _dispatch._prepare(
-            rule,
-            a["q"],
-            a["k"],
-            a["w"],
-            a["do"],
-            a["dv"],
-            a.get("g"),
-            a.get("gk"),
-            a.get("h0"),
-            a.get("dht"),
-            a["scale"],
-            a.get("state_v_first", False),
-            a.get("cu_seqlens"),
-            a.get("chunk_size", 64),
-            None,
-        )
+    return _dispatch._Call(
+        a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"), a.get("h0"), a.get("dht"),
+        a.get("scale", a["q"].shape[-1] ** -0.5), a.get("state_v_first", False), a.get("cu_seqlens"),
+        a.get("chunk_size", 64), a.get("chunk_indices"), a.get("chunk_offsets"), a.get("use_graph", False),
+    )  # fmt: skip
 
 
 def plan(args: dict, rule: str = "capable") -> tuple[bool, str]:
     """The planner's verdict (use_kernel, reason) on a call's keyword arguments
-    (``make_inputs``' dict) under ``rule`` ("capable", "extended", "b2a"). Raises what
-    validation raises."""
-    ok, reason, _ = _prepare(args, rule)
+    (``make_inputs``' dict) under ``rule`` ("capable", "extended", "b2a"), as the
+    dispatcher's general path decides it. Raises what validation raises."""
+    from . import _dispatch
+
+    c = _call(args)
+    with _dispatch._device_ctx(c.q):
+        ok, reason, _, _ = _dispatch._decide(rule, c)
     return ok, reason
 
 
@@ -282,30 +273,7 @@ def run_kernel(args: dict, poison: bool = False, rule: str = "capable"):
     """
     from . import _dispatch
 
-    a = args
-    ok, reason, call = _prepare(a, rule)
-    if not ok:
-        raise RuntimeError(f"the kernel cannot run this call: {reason}")
-    with _dispatch._device_ctx(a["q"]):
-        return _dispatch._run_kernel(
-            a["q"],
-            a["k"],
-            a["w"],
-            a["do"],
-            a["dv"],
-            a.get("g"),
-            a.get("gk"),
-            a.get("h0"),
-            a.get("dht"),
-            a["scale"],
-            a.get("cu_seqlens"),
-            None,
-            None,
-            False,
-            poison=poison,
-            call=call,
-            state_v_first=a.get("state_v_first", False),
-        )
+    return _dispatch.run_kernel(rule, _call(args), poison=poison)
 
 
 from .fla_backend import ENV_VAR as BACKEND_ENV  # noqa: E402  (FLA_KDA_DHU, read by fla at every call)
@@ -342,41 +310,45 @@ def backend_mode(mode: str):
 
 
 class KernelProbe:
-    """Counts kda-dhu kernel launches (``kda_dhu._dispatch._run_kernel`` returning outputs)
-    and records the fla backend verifier's verdicts (``kda_dhu._dispatch.plan_call``), by
-    rebinding both names for the duration of the block (each is looked up in that module
-    at call time). Subclasses add rebindings through ``_wrappers``."""
+    """Counts kda-dhu kernel launches (``kda_dhu._core.launch_count()``: every route, the
+    one-crossing path included) and records the fla backend verifier's verdicts
+    (``kda_dhu._dispatch.verify``, rebound for the duration of the block: the verifier
+    looks it up in that module at call time). Subclasses add rebindings through
+    ``_wrappers``."""
 
     def __init__(self):
         self.dispatch = importlib.import_module("kda_dhu._dispatch")
         self.reset()
 
     def reset(self):
-        self.launches, self.verdicts = 0, []
+        self._base = self._count()
+        self.verdicts = []
+
+    @staticmethod
+    def _count() -> int:
+        from . import _core
+
+        return _core.launch_count()
+
+    @property
+    def launches(self) -> int:
+        return self._count() - self._base
 
     def _wrappers(self) -> list:
         """(module, name, wrapper factory taking the original) triples to rebind."""
 
-        def run_kernel(run):
+        def verify(original):
             def wrapper(*args, **kwargs):
-                out = run(*args, **kwargs)
-                if out is not None:  # None: nothing launched, fla ran instead
-                    self.launches += 1
-                return out
-
-            return wrapper
-
-        def plan_call(plan):
-            def wrapper(*args, **kwargs):
-                verdict = plan(*args, **kwargs)
-                self.verdicts.append(verdict)
+                verdict = original(*args, **kwargs)
+                self.verdicts.append(verdict[:2])
                 return verdict
 
             return wrapper
 
-        return [(self.dispatch, "_run_kernel", run_kernel), (self.dispatch, "plan_call", plan_call)]
+        return [(self.dispatch, "verify", verify)]
 
     def __enter__(self):
+        self.reset()
         self._bound = []
         for module, name, make in self._wrappers():
             original = module.__dict__[name]
