@@ -97,14 +97,23 @@ def test_dispatcher_uses_fla_until_the_check_passed(tmp_path, monkeypatch, rng):
     from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref
     from kda_dhu.testing import KernelProbe
 
-    real_prepare = _dispatch._prepare
+    real_decide, real_core = _dispatch._decide, _dispatch._core
 
-    def relabelled(*a, **k):
-        ok, reason, call = real_prepare(*a, **k)
-        return ok, ("kernel-sm100a" if reason == "kernel-sm90a" else reason), call
+    def relabelled(rule, c):
+        ok, reason, call, c = real_decide(rule, c)
+        return ok, ("kernel-sm100a" if reason == "kernel-sm90a" else reason), call, c
 
-    monkeypatch.setattr(_dispatch, "_prepare", relabelled)
-    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)  # _core.run runs sm_90a unguarded
+    class GeneralPathCore:
+        """The core, less the one-crossing path (which runs sm_90a plans unguarded)."""
+
+        def run(self, *a, **k):
+            return None
+
+        def __getattr__(self, name):
+            return getattr(real_core, name)
+
+    monkeypatch.setattr(_dispatch, "_decide", relabelled)
+    monkeypatch.setattr(_dispatch, "_core", GeneralPathCore())
     monkeypatch.setattr(
         _dispatch, "SM100_CHECK", SelfCheck("sm_100a", cache_dir=str(tmp_path), limits=LIMITS)
     )
