@@ -524,7 +524,8 @@ class SelfCheck:
 
     Args:
         label: the kernel's name in messages and in the cache's folder ("sm_100a").
-        mode_env: the environment variable of the switch (check, wait, on, off).
+        mode_env: the environment variable of the switch (check, wait, on, off): one of
+            the core's switches (src/env.rs), which reads it.
         child_command: ``request -> argv`` of the check process (tests substitute
             synthetic children); default ``python -m kda_dhu._selfcheck_child``.
         cache_dir: the cache folder; None: ``cache_root()`` at each check.
