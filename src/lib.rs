@@ -580,7 +580,8 @@ fn current_stream(py: Python<'_>, ordinal: i32) -> PyResult<u64> {
 /// torch's current stream of the inputs' device. Returns (dh, dh0 or None, dv2), or None
 /// where the caller must take the general path (a fallback or another architecture, an
 /// input to copy, a packed batch without chunk_indices, KDA_DHU_FORCE or
-/// KDA_DHU_CHECK_INPUTS set, or a tensor argument that is not a plain torch.Tensor).
+/// KDA_DHU_CHECK_INPUTS set, a tensor argument that is not a plain torch.Tensor, or
+/// q in host memory: the CPU path).
 /// Raises as `prepare` for invalid input. Does not synchronize.
 #[pyfunction]
 #[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None))]
@@ -634,9 +635,17 @@ fn py_run<'py>(
             chunk_offsets,
             None,
         )?;
-        launch::Prepared::new(a, rule)
-    })?;
-    run_prepared(py, &call, &plan, q, dv)
+        if a.q.device.is_host() {
+            validate::validate(&a, false)?; // bad input named here, as on the GPU
+            return Ok(None); // the CPU path (the general path routes it)
+        }
+        launch::Prepared::new(a, rule).map(Some)
+    })?
+    .map_or((None, None), |(c, p)| (Some(c), Some(p)));
+    match (call, plan) {
+        (Some(call), Some(plan)) => run_prepared(py, &call, &plan, q, dv),
+        _ => Ok(None),
+    }
 }
 
 /// Checks a packed batch's tables on the host (`src/varlen.rs`, the one checker): cu_seqlens

@@ -635,12 +635,18 @@ class _FakeCore:
     def run(*a, **k):
         return None  # the one-crossing path hands the call to the general path
 
+    @staticmethod
+    def force():
+        return None
+
 
 def _inject_plan(monkeypatch, reason, run_kernel, run_fla):
     """The general path with an injected plan (``reason``), kernel and fla. (The
     one-crossing path, _core.run, hands sm_100a plans to the general path: cargo test
     plan_runs_in_one_crossing_only_on_sm90.)"""
     monkeypatch.setattr(_dispatch, "_core", _FakeCore)
+    monkeypatch.setattr(_dispatch, "_require_core", lambda: _FakeCore)
+    monkeypatch.setattr(_dispatch, "_on_cpu", lambda q: False)
     monkeypatch.setattr(_dispatch, "_decide", lambda rule, c: (True, reason, _FakeCall, c))
     monkeypatch.setattr(_dispatch, "_launch", lambda *a, **k: run_kernel())
     monkeypatch.setattr(_dispatch._Call, "fla", lambda self: run_fla())

@@ -237,8 +237,28 @@ def _check_inputs() -> bool:
     return _core.switch("KDA_DHU_CHECK_INPUTS") is not None
 
 
+def _on_cpu(q) -> bool:
+    """q in host memory (a CPU torch tensor, a numpy array): the Rust core's CPU path."""
+    return not (isinstance(q, torch.Tensor) and q.is_cuda) and hasattr(q, "__dlpack__")
+
+
+def _cpu(c: _Call):
+    """The call on the CPU, in fla's precision (``kda_dhu._cpu``): the same validation and
+    messages; an input on another device raises, naming it."""
+    from ._cpu import chunk_gated_delta_rule_bwd_dhu_cpu
+
+    return chunk_gated_delta_rule_bwd_dhu_cpu(
+        c.q, c.k, c.w, c.do, c.dv, c.g, c.gk, c.h0, c.dht, c.scale, c.state_v_first, c.cu_seqlens, c.chunk_size,
+        c.chunk_indices, c.chunk_offsets, c.use_graph, mode="fla",
+    )  # fmt: skip
+
+
 def _general(rule: str, c: _Call, signature_entry: str):
-    """The general path: decide, then the kernel (guarded on sm_100a) or fla's function."""
+    """The general path: decide, then the kernel (guarded on sm_100a) or fla's function;
+    inputs in host memory run on the CPU."""
+    _require_core().force()  # a KDA_DHU_FORCE value that is not kernel / fla / unset is named on every route
+    if _on_cpu(c.q):
+        return _cpu(c)
     with _device_ctx(c.q):
         ok, reason, call, c = _decide(rule, c)
         if not ok:
