@@ -693,6 +693,19 @@ fn switch(name: &str) -> PyResult<Option<String>> {
     })
 }
 
+/// The Extended rule's measured clauses on cuda:`ordinal`:
+/// [(name, when, measured on, record, what it means on this GPU)].
+#[pyfunction]
+fn policy(ordinal: i32) -> PyResult<Vec<(&'static str, &'static str, &'static str, &'static str, String)>> {
+    guard(|| {
+        let dev = launch::device_info(ordinal)?;
+        Ok(plan::policy_notes(&dev)
+            .into_iter()
+            .map(|(c, note)| (c.name, c.when, c.measured_on, c.record, note))
+            .collect())
+    })
+}
+
 /// Every environment switch: [(name, meaning, current value or None)].
 #[pyfunction]
 fn switches() -> Vec<(&'static str, &'static str, Option<String>)> {
@@ -760,6 +773,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(force, m)?)?;
     m.add_function(wrap_pyfunction!(switches, m)?)?;
     m.add_function(wrap_pyfunction!(switch, m)?)?;
+    m.add_function(wrap_pyfunction!(policy, m)?)?;
     m.add_function(wrap_pyfunction!(launch_count, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
