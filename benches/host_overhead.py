@@ -293,7 +293,7 @@ def step_fns(call: dict, device: str) -> dict:
                 dh0,
                 dv2,
                 stream,
-            ),  # fmt: skip
+            ),
             "verify": lambda: _dispatch.verify(**c),
             "torch.empty x3": lambda: (
                 torch.empty(dh_shape, dtype=c["q"].dtype, device=device),
@@ -607,7 +607,7 @@ def run(args) -> tuple:
 
         cells = {r: {m: (mode_fn(m, calls[r]), env_of(m, r)) for m in modes} for r in routes}
         if steps:
-            fns = step_fns(calls["kernel"], device)
+            fns = step_fns(calls["kernel"] if "kernel" in calls else route_call("kernel", device), device)
             cells["steps"] = {s: (fns[s], env_of("registry")) for s in steps}
 
         launches = {}
