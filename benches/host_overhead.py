@@ -745,6 +745,10 @@ def main(argv=None) -> int:
 
         write_record(record, args.out, table, prefix="host-", with_commit=True)
         print(f"wrote {args.out}/host-latest.json")
+    for p in record["problems"]:
+        print(f"problem: {p}")
+    met = [t for t in record["targets"] if t["ok"]]
+    print(f"targets: {len(met)} of {len(record['targets'])} met; {len(record['problems'])} problem(s)")
     return status
 
 
