@@ -111,17 +111,25 @@ def test_every_stage_runs_in_order_and_survives_the_others(session):
     assert "4 passed" in rows["tests"] and "1 failed" in rows["tests"]
     assert " ok " in rows["sanitize"] and "memcheck clean" in rows["sanitize"]
     assert " ok " in rows["host"] and "targets: 5 of 5 met" in rows["host"]
-    assert "FAILED (rc 1)" in rows["e2e"] and "targets: 1 of 4 met" in rows["e2e"] and "checks FAILED" in rows["e2e"]
+    assert (
+        "FAILED (rc 1)" in rows["e2e"]
+        and "targets: 1 of 4 met" in rows["e2e"]
+        and "checks FAILED" in rows["e2e"]
+    )
     assert " ok " in rows["bench"] and "1 row(s)" in rows["bench"]
     assert "TIMEOUT" in rows["ab"]
     assert "tests/test_a.py::test_3[a b]" in (out / "summary.txt").read_text()
     # the timed stages one after another, after the tests
-    order = [c.split()[1] for c in calls if c.split()[1] in ("benches/host_overhead.py", "benches/e2e.py", "-m")]
+    order = [
+        c.split()[1] for c in calls if c.split()[1] in ("benches/host_overhead.py", "benches/e2e.py", "-m")
+    ]
     assert order.index("benches/host_overhead.py") < order.index("benches/e2e.py")
     # files back: at most 8; records as their own files, a cut-short run's partial record
     names = sorted(os.listdir(out))
     assert len(names) <= 8, names
-    assert {"summary.txt", "logs.tar.xz", "host-latest.json", "e2e-partial.json", "bench-latest.json"} <= set(names)
+    assert {"summary.txt", "logs.tar.xz", "host-latest.json", "e2e-partial.json", "bench-latest.json"} <= set(
+        names
+    )
     assert json.loads((out / "host-latest.json").read_text()) == {"kind": "host"}
     with tarfile.open(out / "logs.tar.xz") as t:
         members = t.getnames()
