@@ -26,7 +26,7 @@
 # Time: SESSION_BUDGET seconds (default 540) from this script's start, RESERVE_S (25) of it kept
 # for packing. Each stage runs under `timeout` for the smaller of its cap and what is left; a
 # stage with less left than its minimum is skipped (the summary says so). Caps / minimums in
-# seconds, override with <STAGE>_CAP: tests 330/120, sanitize 170/45, host 150/60, e2e 420/150,
+# seconds, override with <STAGE>_CAP: tests 330/120, sanitize 170/45, host 150/60, e2e 480/150,
 # bench 240/60, ab 180/45. Expected on an H200 (fresh machine, no Triton cache carried): smoke
 # 20-40, tests 190-300 (sanitize beside it, 30-60), host 60-120 (fla's stage-4 kernel compiled for
 # four keys), e2e 300-420 (fla compiles and tunes KDA's kernels: ~250 s for the dense shape,
@@ -43,12 +43,13 @@
 #                        (a stage cut short: its partial record, *-partial.json, instead)
 #   triton_cache.tar.xz  Triton's cache (compiled kernels and fla's autotuning results) for the
 #                        next session: copy it to .carry/ (device_prepare.sh keeps it there).
-#                        TRITON_CACHE_OUT=0 to leave it out; over 15 MiB, only the tuning results.
+#                        TRITON_CACHE_OUT=0 to leave it out; over 15 MiB, only the tuning results;
+#                        packed in what is left before DEVICE_LIMIT_S (590 s) from the start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 ALL_STAGES=(smoke tests sanitize host e2e bench ab)
-declare -A CAP=([smoke]=0 [tests]=330 [sanitize]=170 [host]=150 [e2e]=420 [bench]=240 [ab]=180)
+declare -A CAP=([smoke]=0 [tests]=330 [sanitize]=170 [host]=150 [e2e]=480 [bench]=240 [ab]=180)
 declare -A MIN=([smoke]=0 [tests]=120 [sanitize]=45 [host]=60 [e2e]=150 [bench]=60 [ab]=45)
 for s in "${ALL_STAGES[@]}"; do
   v="${s^^}_CAP"
@@ -289,14 +290,6 @@ copy_record "$RES/e2e" e2e-latest.json e2e-partial.json e2e-latest.json
 copy_record "$RES/bench" latest.json partial.json bench-latest.json
 [ -f "$RES/ab/variants.json" ] && cp "$RES/ab/variants.json" "$OUT/variants.json"
 
-if [ "${TRITON_CACHE_OUT:-1}" != 0 ] && [ -n "$(ls -A "$TRITON_CACHE_DIR" 2>/dev/null)" ]; then
-  tar -C "$TRITON_CACHE_DIR" -cf - . | xz -T0 -3 > "$OUT/triton_cache.tar.xz"
-  if [ "$(stat -c %s "$OUT/triton_cache.tar.xz")" -gt $(( 15 * 1024 * 1024 )) ]; then
-    (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar --null -T - -cf - | xz -T0 -6 > "$OUT/triton_cache.tar.xz")
-    echo "triton cache: over 15 MiB; only the autotuning results kept" >> "$RES/pack.log"
-  fi
-fi
-
 {
   if [ -s "$RES/tests/failed.txt" ]; then echo "failed tests (first 10):"; sed 's/^/  /' "$RES/tests/failed.txt"; fi
   echo "gpu_session summary: commit $KDA_DHU_COMMIT, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1), $(date -u +%Y-%m-%dT%H:%MZ), $(elapsed) s of $BUDGET"
@@ -310,6 +303,21 @@ for s in "${STAGES[@]}"; do
 done
 cp "$RES/summary.txt" "$OUT/summary.txt"
 tar -C "$RES" -cf - . | xz -T0 -6 > "$OUT/logs.tar.xz"
+# Last, as the least needed: Triton's cache for the next session, in the time left before the
+# device command's limit (DEVICE_LIMIT_S, 590 s), written aside and moved into place when whole.
+pack_s=$(( ${DEVICE_LIMIT_S:-590} - $(elapsed) ))
+if [ "${TRITON_CACHE_OUT:-1}" != 0 ] && [ -n "$(ls -A "$TRITON_CACHE_DIR" 2>/dev/null)" ] && (( pack_s >= 10 )); then
+  part=/tmp/triton_cache.tar.xz.part
+  if timeout "$pack_s" bash -c 'tar -C "$1" -cf - . | xz -T0 -3 > "$2"' _ "$TRITON_CACHE_DIR" "$part" \
+      && [ "$(stat -c %s "$part")" -le $(( 15 * 1024 * 1024 )) ]; then
+    mv "$part" "$OUT/triton_cache.tar.xz"
+  else
+    (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar --null -T - -cf - | xz -T0 -6 > "$part") \
+      && mv "$part" "$OUT/triton_cache.tar.xz"
+    echo "triton cache: over 15 MiB or too slow to pack; only fla's autotuning results kept"
+  fi
+fi
+
 echo "files: $(cd "$OUT" && ls | tr '\n' ' ')"
 cat "$RES/summary.txt"
 exit $rc
