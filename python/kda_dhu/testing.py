@@ -149,6 +149,75 @@ def make_inputs(
     )
 
 
+def chunk_tables(cu_seqlens: torch.Tensor, T: int | None = None, dtype: torch.dtype | None = None):
+    """fla's chunk tables of a packed batch without fla: ``(chunk_indices, chunk_offsets)``.
+
+    chunk_indices [NT, 2] holds (sequence, chunk within the sequence) rows and
+    chunk_offsets [N + 1] the first chunk of each sequence (the last entry is NT), as
+    fla's ``prepare_chunk_indices`` / ``prepare_chunk_offsets`` give them for chunk_size
+    64; on cu_seqlens' device, in ``dtype`` (default: cu_seqlens' dtype). ``T``: the
+    packed batch's length (default: cu_seqlens[-1]).
+
+    For tests and drivers that keep fla out: it reads cu_seqlens on the host (one
+    synchronization) and counts the chunks with the core's checker
+    (``kda_dhu._core.check_tables``), which raises ValueError on a bad table.
+    """
+    from . import _core
+
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    offsets = _core.check_tables(cu, cu[-1] if T is None else int(T))
+    rows = [(n, c) for n in range(len(cu) - 1) for c in range(offsets[n + 1] - offsets[n])]
+    dtype = cu_seqlens.dtype if dtype is None else dtype
+    indices = torch.tensor(rows, dtype=dtype).reshape(len(rows), 2)
+    return indices.to(cu_seqlens.device), torch.tensor(offsets, dtype=dtype, device=cu_seqlens.device)
+
+
+# Memory layouts of one input that a caller may hand stage 4 (``relayout``): each holds the
+# values of a contiguous tensor (``expanded`` its own: one index repeated), none is packed
+# the way fla's function reads tensors but the aligned offset.
+LAYOUTS = (
+    "permuted",  # dims 1 and 2 swapped in memory: x.transpose(1, 2).contiguous().transpose(1, 2)
+    "slice_dim1",  # a slice of a larger tensor along dim 1 (T; HV of a state)
+    "slice_dim2",  # along dim 2 (heads; K of a state)
+    "slice_last",  # along the last dim (K or V; 4-D tensors)
+    "offset_misaligned",  # contiguous, one element past a 16-byte boundary
+    "offset_aligned",  # contiguous, 16 bytes into its storage
+    "expanded",  # stride 0 along dim 2 (index 0 repeated)
+)
+
+
+def relayout(x: torch.Tensor, layout: str, fill: float = float("nan")) -> torch.Tensor | None:
+    """``x``'s values in another memory layout (one of ``LAYOUTS``), in new storage whose
+    elements outside the view hold ``fill`` (NaN by default: whatever reads them shows).
+    ``expanded`` holds index 0 of dim 2 repeated (its own values, not x's). None where the
+    layout does not apply to x's shape (a dim of size 1 to permute, slice or expand: a
+    size-1 dim's stride is no layout at all; ``slice_last`` of a 3-D tensor). The result
+    is a view; ``x`` is not modified."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    shape = tuple(x.shape)
+    if layout == "permuted":
+        if x.dim() < 3 or shape[1] < 2 or shape[2] < 2:
+            return None
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout.startswith("slice_"):
+        d = {"slice_dim1": 1, "slice_dim2": 2, "slice_last": x.dim() - 1}[layout]
+        if x.dim() < 3 or (layout == "slice_last" and x.dim() != 4) or shape[d] < 2:
+            return None
+        big = list(shape)
+        big[d] += 2
+        out = torch.full(big, fill, dtype=x.dtype, device=x.device).narrow(d, 1, shape[d])
+        return out.copy_(x)
+    if layout.startswith("offset_"):
+        skip = 1 if layout == "offset_misaligned" else 16 // x.element_size()
+        flat = torch.full((x.numel() + skip,), fill, dtype=x.dtype, device=x.device)
+        return flat[skip:].view(shape).copy_(x)
+    # expanded
+    if x.dim() < 3 or shape[2] < 2:
+        return None
+    return x.narrow(2, 0, 1).clone().expand(shape)
+
+
 def naive_bwd_dhu(
     q,
     k,
