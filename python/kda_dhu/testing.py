@@ -172,6 +172,37 @@ def chunk_tables(cu_seqlens: torch.Tensor, T: int | None = None, dtype: torch.dt
     return indices.to(cu_seqlens.device), torch.tensor(offsets, dtype=dtype, device=cu_seqlens.device)
 
 
+# Packed batches whose tables break the conditions the kernels check on the device
+# (src/varlen.rs), for the GPU tests and the sanitizer driver. Each is the good batch
+# GOOD_BATCH (T = 300 tokens, sequences of 100, 130 and 70 tokens: chunk offsets 0, 2, 5,
+# 7) with one table replaced: "cu" (cu_seqlens), "chunk_offsets" ([N + 1]), "nt" (dh's
+# rows: len(chunk_indices)). "seq": the one failing sequence (None: several fail, garbage
+# values); "dh_rows" / "dv2_rows": the rows [start, end) where its outputs must be NaN
+# (None: its entries bound none); every other sequence's outputs are those of the good
+# batch. Values that fit int32, but for "garbage_int64".
+GOOD_BATCH = dict(lengths=[100, 130, 70], cu=[0, 100, 230, 300], T=300, nt=7)
+BAD_BATCHES = {
+    "first_offset": dict(cu=[5, 100, 230, 300], seq=0, dh_rows=(0, 2), dv2_rows=(5, 100)),
+    "decreasing": dict(cu=[0, 100, 230, 200], seq=2, dh_rows=None, dv2_rows=None),
+    "past_t": dict(cu=[0, 100, 230, 350], seq=2, dh_rows=(5, 7), dv2_rows=(230, 300)),
+    "chunk_offsets": dict(chunk_offsets=[0, 2, 5, 8], seq=2, dh_rows=(5, 7), dv2_rows=(230, 300)),
+    "past_nt": dict(nt=6, seq=2, dh_rows=(5, 6), dv2_rows=(230, 300)),
+    "garbage_int32": dict(cu=[0, 2**31 - 1, -(2**31), 300], chunk_offsets=[0, -5, 2**31 - 1, 3], seq=None),
+    "garbage_int64": dict(cu=[0, 2**40, 5, -(2**62)], seq=None),
+}
+
+
+def bad_batch(name: str) -> dict:
+    """``BAD_BATCHES[name]`` with the good batch's tables filled in: cu, chunk_offsets
+    (None where the case has none), nt, T, seq, dh_rows, dv2_rows."""
+    case = dict(BAD_BATCHES[name])
+    out = dict(cu=GOOD_BATCH["cu"], chunk_offsets=None, nt=GOOD_BATCH["nt"], T=GOOD_BATCH["T"])
+    out.update(case)
+    out.setdefault("dh_rows", None)
+    out.setdefault("dv2_rows", None)
+    return out
+
+
 # Memory layouts of one input that a caller may hand stage 4 (``relayout``): each holds the
 # values of a contiguous tensor (``expanded`` its own: one index repeated), none is packed
 # the way fla's function reads tensors but the aligned offset.
