@@ -2,8 +2,9 @@
 per CTA (KDA_DHU_SM90_NWG = 1 / 2), fla in the same run, on bench.SHAPES plus extra rows.
 
 The measurement behind the planner's policy (src/plan.rs: `warpgroups`, the K = 64 and
-GVA clauses). Times the kernel directly (kda_dhu._dispatch._run_kernel, past the
-planner's policy), so a variant the planner would not pick is still timed.
+GVA clauses). Times the kernel directly (kda_dhu.testing.run_kernel: the planner's
+"capable" rule, past its policy), so a variant the planner would not pick is still timed;
+packed rows carry fla's chunk tables, as fla's backward passes them (no host read).
 
     python3 benches/variants.py [--out DIR] [--shapes name,name]
 Writes DIR/variants.json and prints a markdown table.
@@ -33,7 +34,7 @@ EXTRA = [
 def main(argv=None) -> int:
     from kda_dhu import _dispatch, bench
     from kda_dhu.reference import rel_err
-    from kda_dhu.testing import run_kernel
+    from kda_dhu.testing import chunk_tables, run_kernel
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="")
@@ -52,6 +53,9 @@ def main(argv=None) -> int:
     for r in rows:
         name, B, T, H, HV, K, V, gate, varlen = r
         a, lengths = bench.row_inputs(r)
+        if lengths is not None:
+            ci, co = chunk_tables(a["cu_seqlens"], T)
+            a.update(chunk_indices=ci, chunk_offsets=co)
         fla_fn = _dispatch.fla_function()
         fla_out = fla_fn(**a)
 
