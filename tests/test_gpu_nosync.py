@@ -486,7 +486,7 @@ def test_fla_training_step_stage4_does_not_synchronize(rng, monkeypatch, op):
             torch.cuda.synchronize()
     for n, on, off in zip(names, grads["kda_dhu"], grads["fla"]):
         e = rel_err(on, off)
-        assert e < 5e-3, f"{op} gradient of {n}: kda-dhu on vs off {e:.3e}"
+        assert e < 1e-2, f"{op} gradient of {n}: kda-dhu on vs off {e:.3e}"
 
 
 # ------------------------------------------------------------------- CUDA graphs
