@@ -59,7 +59,7 @@ SHAPES = {
     # the seed dispatcher's envelope past its floor: B * HV * V / 64 = 256 CTAs
     "b2a": dict(B=2, T=128, H=32, HV=32, K=128, V=256),
     # the planner sends it to fla (K not in {64, 128})
-    "fla": dict(B=2, T=130, H=2, HV=2, K=256, V=64),
+    "fla": dict(B=2, T=130, H=2, HV=2, K=256, V=128),
 }
 
 

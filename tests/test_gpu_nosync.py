@@ -170,7 +170,7 @@ def _with_tables(a: dict, dtype=torch.int64) -> dict:
 
 
 def _dense(rng, **over):
-    s = dict(B=2, T=256, H=4, HV=4, K=128, V=128, gate="gk")
+    s = dict(B=2, T=256, H=2, HV=2, K=128, V=128, gate="gk")
     s.update(over)
     return make_inputs(
         s["B"], s["T"], s["H"], s["HV"], s["K"], s["V"], BF16, s["gate"], device="cuda", generator=rng
@@ -251,7 +251,7 @@ ROUTES = {
         0,
     ),
     "direct-fla-k256-varlen": (lambda rng: _varlen(rng, K=256), _direct, 0, None),
-    "b2a-kernel": (lambda rng: _dense(rng, B=2, T=128, H=64, HV=64), _b2a, 1, 3),
+    "b2a-kernel": (lambda rng: _dense(rng, B=2, T=128, H=32, HV=32, V=256), _b2a, 1, 3),
     "b2a-fla": (_dense, _b2a, 0, None),
     "registry-dense": (_dense, _via_registry, 1, 3),
     "registry-varlen": (_varlen, _via_registry, 1, 3),
@@ -569,11 +569,11 @@ def _guarded(shape, dtype):
 
 
 def _batch(rng, name: str, dtype):
-    """(good call, bad call) of BAD_BATCHES[name]: B1 T300 H2 K128 V64 gk, dht and h0; the
+    """(good call, bad call) of BAD_BATCHES[name]: B1 T300 H2 K128 V128 gk, dht and h0; the
     good one with fla's chunk tables (N + 1 offsets), the bad one with the case's tables."""
     bad = bad_batch(name)
     a = make_inputs(
-        1, GOOD_BATCH["T"], 2, 2, 128, 64, BF16, "gk", varlen_lengths=GOOD_BATCH["lengths"], device="cuda",
+        1, GOOD_BATCH["T"], 2, 2, 128, 128, BF16, "gk", varlen_lengths=GOOD_BATCH["lengths"], device="cuda",
         generator=rng,
     )  # fmt: skip
     good = _with_tables(a, dtype)
@@ -729,7 +729,7 @@ def test_kernel_probe_counts_the_one_crossing_path(rng, monkeypatch):
     copied (the general path); none where fla computes."""
     _registry()
     dense, varlen = _dense(rng), _varlen(rng)
-    b2a = _dense(rng, B=2, T=128, H=64, HV=64)
+    b2a = _dense(rng, B=2, T=128, H=32, HV=32, V=256)
     copied, fla_call = _copied_q(rng), _dense(rng, K=256)
 
     def no_general_path(*a, **kw):
