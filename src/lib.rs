@@ -695,8 +695,11 @@ fn switch(name: &str) -> PyResult<Option<String>> {
 
 /// The Extended rule's measured clauses on cuda:`ordinal`:
 /// [(name, when, measured on, record, what it means on this GPU)].
+/// (name, when, measured on, record, note) of one measured clause.
+type PolicyRow = (&'static str, &'static str, &'static str, &'static str, String);
+
 #[pyfunction]
-fn policy(ordinal: i32) -> PyResult<Vec<(&'static str, &'static str, &'static str, &'static str, String)>> {
+fn policy(ordinal: i32) -> PyResult<Vec<PolicyRow>> {
     guard(|| {
         let dev = launch::device_info(ordinal)?;
         Ok(plan::policy_notes(&dev)

@@ -133,7 +133,9 @@ def _kernel_on(index: int) -> str:
 def _gpu_section(out) -> None:
     gpus = _gpus()
     if not gpus:
-        _line(out, "GPUs", "none: torch sees no CUDA device (CPU tensors run on the CPU path of the Rust core)")
+        _line(
+            out, "GPUs", "none: torch sees no CUDA device (CPU tensors run on the CPU path of the Rust core)"
+        )
         return
     for i, name, (major, minor), total in gpus:
         _line(out, f"cuda:{i}", f"{name}, sm_{major}{minor}, {total / 2**30:.0f} GiB")
