@@ -34,7 +34,7 @@ import contextlib
 import kda_dhu
 import pytest
 import torch
-from helpers import make_inputs
+from helpers import make_inputs, register_or_skip, via_registry
 from kda_dhu import _core
 from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref, rel_err
 from kda_dhu.testing import LAYOUTS, KernelProbe, backend_mode, relayout
@@ -63,19 +63,6 @@ SHAPES = {
 }
 
 
-def _registry() -> None:
-    from kda_dhu import fla_backend
-
-    if not kda_dhu.register_backend() and not fla_backend.is_registered():
-        pytest.skip("kda-dhu cannot register as an fla backend here")
-
-
-def _via_registry(a):
-    import fla.ops.common.chunk_delta_h as m
-
-    return m.chunk_gated_delta_rule_bwd_dhu(**a)
-
-
 def _b2a(a):
     return kda_dhu.kda_dhu_b2a(
         a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], 64
@@ -86,10 +73,10 @@ def _b2a(a):
 ROUTES = {
     "direct": ("kernel", lambda a: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a), 1),
     "op": ("kernel", lambda a: kda_dhu.chunk_gated_delta_rule_bwd_dhu_op(**a), 1),
-    "registry": ("kernel", _via_registry, 1),
+    "registry": ("kernel", via_registry, 1),
     "b2a": ("b2a", _b2a, 1),
     "direct-fla": ("fla", lambda a: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a), 0),
-    "registry-fla": ("fla", _via_registry, 0),
+    "registry-fla": ("fla", via_registry, 0),
 }
 CASES = [(n, r) for n in NAMES for r in ROUTES if not (n == "g" and r == "b2a")]
 
@@ -148,7 +135,7 @@ def test_every_layout_gives_the_contiguous_answer(rng, name, route):
     shape, call, launches = ROUTES[route]
     registry = route.startswith("registry")
     if registry:
-        _registry()
+        register_or_skip()
     args = _inputs(rng, shape, name)
     base = _contiguous_baseline(args)
     failures, seen = [], 0
@@ -198,7 +185,7 @@ NEGATIVE_ROUTES = {
     "direct": lambda a: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a),
     "op": lambda a: kda_dhu.chunk_gated_delta_rule_bwd_dhu_op(**a),
     "b2a": _b2a,
-    "registry": _via_registry,
+    "registry": via_registry,
 }
 NEGATIVE_CASES = [(n, r) for n in NAMES for r in NEGATIVE_ROUTES if not (n == "g" and r == "b2a")]
 
@@ -211,7 +198,7 @@ def test_negative_strides_are_refused_by_name(rng, name, route):
     raises (it takes torch tensors only), no silent answer. Nothing is launched."""
     cupy = pytest.importorskip("cupy")
     if route == "registry":
-        _registry()
+        register_or_skip()
     args = _inputs(rng, "kernel", name, dtype=torch.float16)
     flipped = cupy.from_dlpack(args[name])[:, ::-1]
     assert any(s < 0 for s in flipped.strides)

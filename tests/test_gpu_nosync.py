@@ -9,15 +9,14 @@ device-side checks of packed batches.
    int32; packed without chunk_indices on a cu_seqlens tensor fla's cache has seen; an
    input that is copied; fla's CUDA-graph buffers, dense and packed; a call the planner
    sends to fla), ``kda_dhu_b2a`` (kernel and fla), fla's public function through the
-   registry (dense, packed, a call fla keeps), the custom op; and fla's ``chunk_kda``
-   (KDA) and ``chunk_gated_delta_rule`` (GDN, where fla runs its backward) training
-   steps, varlen, whose stage 4 is held to the same two checks and whose whole backward
-   synchronizes no more often with kda-dhu than without. The one-crossing routes
+   registry (dense, packed, a call fla keeps), the custom op. The one-crossing routes
    allocate their three outputs and nothing else (int32 tables are not widened), and
    every route's values are checked against the float64 reference (within 1.25x of fla's
    error), the outputs of the warm-up calls poisoned with NaN before they were freed.
-   The instruments are checked first: a synchronizing call raises under the debug mode,
-   and drains the sleep.
+   Without chunk_indices, the first call on a cu_seqlens tensor synchronizes no more
+   often than fla's own function. The instruments are checked first: a synchronizing
+   call raises under the debug mode, and drains the sleep. fla's KDA and GDN training
+   steps: tests/test_gpu_fla_step.py.
 2. Packed batches under CUDA graphs: a call with fla's graph-mode tables
    (``prepare_chunk_indices_static``: zero-length padding sequences up to a fixed N, a
    fixed chunk budget, int64 or int32) is captured (one kernel launch), replayed, and
@@ -35,9 +34,8 @@ device-side checks of packed batches.
 4. ``kda_dhu.testing.KernelProbe`` counts launches on the one-crossing path too.
 
 Every test leaves no device error behind (a fixture checks after each test). Expected time
-on an H200, once fla's Triton kernels are compiled: ~20 s for the file (the sleeps are
-0.2 s each); the two training-step tests compile fla's KDA / GDN forward and backward on
-first use (tens of seconds each on a fresh machine; they carry a 600 s timeout).
+on an H200, once fla's Triton kernels are compiled: ~25 s for the file (the sleeps are
+0.2 s each).
 
     python -m pytest tests/test_gpu_nosync.py -q -m gpu
 """
@@ -45,15 +43,21 @@ first use (tens of seconds each on a fresh machine; they carry a 600 s timeout).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import re
-import warnings
 
 import kda_dhu
 import pytest
 import torch
-from helpers import make_inputs
+from helpers import (
+    SLEEP_CYCLES,
+    count_syncs,
+    make_inputs,
+    register_or_skip,
+    sync_debug,
+    via_registry,
+    without_sync,
+)
 from kda_dhu import _core, _dispatch
 from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref, rel_err
 from kda_dhu.testing import (
@@ -71,13 +75,7 @@ pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
 NAMES = ("dh", "dh0", "dv2")
 FLOAT_INPUTS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")
-# ~0.2 s of GPU time at the H200's 1.98 GHz: far longer than any call's host time.
-SLEEP_CYCLES = 400_000_000
 LENGTHS = [1, 63, 65, 128, 200, 64, 7]
-
-# fla's KDA / GDN kernels compile and autotune on first use: a longer limit where
-# pytest-timeout is installed (the GPU runs pass --timeout).
-_slow = pytest.mark.timeout(600) if importlib.util.find_spec("pytest_timeout") else (lambda f: f)
 
 
 @pytest.fixture(autouse=True)
@@ -105,41 +103,6 @@ def _hopper_and_no_switches(monkeypatch):
 # ------------------------------------------------------------------------ instruments
 
 
-@contextlib.contextmanager
-def _sync_debug(mode: str):
-    before = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode(mode)
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(before)
-
-
-def _without_sync(fn, what: str):
-    """fn() behind a sleep kernel on the current stream, under sync debug mode "error";
-    asserts the stream was still busy when it returned. Returns (fn's result, torch CUDA
-    allocations it made)."""
-    stream = torch.cuda.current_stream()
-    allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
-    torch.cuda._sleep(SLEEP_CYCLES)
-    with _sync_debug("error"):
-        out = fn()
-    busy = not stream.query()
-    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs
-    torch.cuda.synchronize()
-    assert busy, f"{what}: returned after the stream drained: the host waited for the GPU"
-    return out, allocs
-
-
-def _count_syncs(fn) -> tuple:
-    """(fn's result, synchronizing torch calls it made: sync debug mode "warn")."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with _sync_debug("warn"):
-            out = fn()
-    return out, sum("synchroniz" in str(w.message) for w in caught)
-
-
 def test_the_instruments_catch_a_synchronization():
     """What the no-sync checks rely on: a host read of a CUDA tensor raises under sync
     debug mode "error" and warns under "warn"; after a sleep kernel the stream is busy
@@ -147,11 +110,11 @@ def test_the_instruments_catch_a_synchronization():
     x = torch.ones(8, device="cuda")
     torch.cuda.synchronize()
     with pytest.raises(RuntimeError, match="synchroniz"):
-        with _sync_debug("error"):
+        with sync_debug("error"):
             x.sum().item()
-    _, n = _count_syncs(lambda: x.sum().item())
+    _, n = count_syncs(lambda: x.sum().item())
     assert n >= 1
-    _, n = _count_syncs(lambda: x.sum())
+    _, n = count_syncs(lambda: x.sum())
     assert n == 0
     torch.cuda._sleep(SLEEP_CYCLES)
     sum(range(100_000))  # ~1 ms of host work
@@ -208,23 +171,8 @@ def _b2a(a: dict):
     )
 
 
-def _registry() -> None:
-    """kda-dhu registered as fla's backend (skips where fla has no registry)."""
-    from kda_dhu import fla_backend
-
-    if not kda_dhu.register_backend() and not fla_backend.is_registered():
-        pytest.skip("kda-dhu cannot register as an fla backend here")
-
-
 def _direct(a):
     return kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
-
-
-def _via_registry(a):
-    """fla's public (dispatching) stage-4 function: its registry, then kda-dhu's backend."""
-    import fla.ops.common.chunk_delta_h as m
-
-    return m.chunk_gated_delta_rule_bwd_dhu(**a)
 
 
 def _op(a):
@@ -253,10 +201,10 @@ ROUTES = {
     "direct-fla-k256-varlen": (lambda rng: _varlen(rng, K=256), _direct, 0, None),
     "b2a-kernel": (lambda rng: _dense(rng, B=2, T=128, H=32, HV=32, V=256), _b2a, 1, 3),
     "b2a-fla": (_dense, _b2a, 0, None),
-    "registry-dense": (_dense, _via_registry, 1, 3),
-    "registry-varlen": (_varlen, _via_registry, 1, 3),
-    "registry-varlen-int32": (lambda rng: _varlen(rng, torch.int32), _via_registry, 1, 3),
-    "registry-fla-k256": (lambda rng: _dense(rng, K=256), _via_registry, 0, None),
+    "registry-dense": (_dense, via_registry, 1, 3),
+    "registry-varlen": (_varlen, via_registry, 1, 3),
+    "registry-varlen-int32": (lambda rng: _varlen(rng, torch.int32), via_registry, 1, 3),
+    "registry-fla-k256": (lambda rng: _dense(rng, K=256), via_registry, 0, None),
     "op-dense": (_dense, _op, 1, None),
     "op-varlen": (_varlen, _op, 1, None),
 }
@@ -317,7 +265,7 @@ def test_no_route_synchronizes_the_host(rng, route):
     registry = route.startswith("registry")
     with backend_mode("kda_dhu") if registry else contextlib.nullcontext():
         if registry:
-            _registry()
+            register_or_skip()
         warm = [call(a) for _ in range(2)]
         torch.cuda.synchronize()
         for outs in warm:
@@ -327,7 +275,7 @@ def test_no_route_synchronizes_the_host(rng, route):
         del warm, outs, x
         _refresh(a, fresh)
         with KernelProbe() as probe:
-            outs, n_alloc = _without_sync(lambda: call(a), route)
+            outs, n_alloc = without_sync(lambda: call(a), route)
     assert probe.launches == launches, f"{route}: {probe.launches} kernel launches, expected {launches}"
     if allocs is not None:
         assert n_alloc == allocs, f"{route}: {n_alloc} allocations, expected {allocs} (the outputs)"
@@ -345,148 +293,14 @@ def test_a_packed_batch_without_chunk_indices_synchronizes_no_more_than_fla(rng)
     for fn in (fla, kda_dhu.chunk_gated_delta_rule_bwd_dhu):  # compiled, loaded, warm
         fn(**dict(a, cu_seqlens=a["cu_seqlens"].clone()))
     torch.cuda.synchronize()
-    _, theirs = _count_syncs(lambda: fla(**dict(a, cu_seqlens=a["cu_seqlens"].clone())))
+    _, theirs = count_syncs(lambda: fla(**dict(a, cu_seqlens=a["cu_seqlens"].clone())))
     cu = a["cu_seqlens"].clone()
-    outs, ours = _count_syncs(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**dict(a, cu_seqlens=cu)))
+    outs, ours = count_syncs(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**dict(a, cu_seqlens=cu)))
     assert theirs >= 1, "fla's helper read cu_seqlens without the instrument seeing it"
     assert ours <= theirs, f"kda-dhu synchronized {ours} times on a new cu_seqlens, fla {theirs}"
-    _, again = _count_syncs(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**dict(a, cu_seqlens=cu)))
+    _, again = count_syncs(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**dict(a, cu_seqlens=cu)))
     assert again == 0, f"{again} synchronizations on a cu_seqlens tensor fla's cache holds"
     _assert_values(a, outs, "varlen without chunk_indices")
-
-
-# ------------------------------------------------------------- fla's training steps
-
-
-def _fla_step_inputs(op: str, rng):
-    """fla's tests' draw (benches/e2e.py): q, k, v ~ N(0, 1) bf16 (use_qk_l2norm_in_kernel),
-    log-space gates logsigmoid(N(0, 1)) / 16 fp32, beta = sigmoid(N(0, 1)) bf16, h0 and
-    dht ~ N(0, 1) fp32; a packed batch of 5 documents."""
-    import torch.nn.functional as F
-
-    lengths = [300, 64, 1, 500, 135]
-    T, H, K, V = sum(lengths), 2, 128, 128
-    N = len(lengths)
-
-    def randn(*shape, dt=torch.float32):
-        return torch.randn(*shape, generator=rng).to(device="cuda", dtype=dt)
-
-    g_shape = (1, T, H, K) if op == "kda" else (1, T, H)
-    leaves = dict(
-        q=randn(1, T, H, K, dt=BF16),
-        k=randn(1, T, H, K, dt=BF16),
-        v=randn(1, T, H, V, dt=BF16),
-        g=F.logsigmoid(randn(*g_shape)) / 16,
-        beta=randn(1, T, H).sigmoid().to(BF16),
-        initial_state=randn(N, H, K, V),
-    )
-    for t in leaves.values():
-        t.requires_grad_(True)
-    grads_out = (randn(1, T, H, V, dt=BF16), randn(N, H, K, V))
-    cu_cpu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
-    return leaves, grads_out, cu_cpu.cuda(), cu_cpu
-
-
-def _fla_forward(op: str, leaves: dict, cu, cu_cpu):
-    """fla's op forward, training-style (autograd recording): (o, final state)."""
-    kw = dict(
-        scale=None,
-        initial_state=leaves["initial_state"],
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-        cu_seqlens=cu,
-        cu_seqlens_cpu=cu_cpu,
-    )
-    args = (leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"])
-    if op == "kda":
-        from fla.ops.kda import chunk_kda as fn
-    else:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
-    return fn(*args, **kw)
-
-
-BACKWARD_MODULE = {"kda": "fla.ops.kda.chunk_bwd", "gdn": "fla.ops.gated_delta_rule.chunk"}
-
-
-@_slow
-@pytest.mark.parametrize("op", ["kda", "gdn"])
-def test_fla_training_step_stage4_does_not_synchronize(rng, monkeypatch, op):
-    """fla's chunk_kda (KDA) / chunk_gated_delta_rule (GDN), varlen, forward and backward
-    with kda-dhu's backend on: stage 4 (fla's call in the op's backward module, through
-    fla's registry) returns behind a queued sleep under sync debug mode "error", and runs
-    kda-dhu's kernel once; the whole backward makes no more synchronizing torch calls
-    with kda-dhu on than off (fla's forward may read cu_seqlens for its own reasons: not
-    measured), and none at all when fla's own makes none; the gradients match the
-    backend-off ones. GDN is skipped, with fla's error, where fla 0.6 refuses its backward
-    (Hopper with Triton >= 3.4 and < 3.7.1). Compiles fla's kernels on first use."""
-    import importlib
-
-    _registry()
-    module = importlib.import_module(BACKWARD_MODULE[op])
-    leaves, grads_out, cu, cu_cpu = _fla_step_inputs(op, rng)
-    names = list(leaves)
-
-    def forward():
-        return _fla_forward(op, leaves, cu, cu_cpu)
-
-    def backward(o, ht):
-        return torch.autograd.grad((o, ht), [leaves[n] for n in names], grads_out)
-
-    # warm-up with the backend off and on (compiles and autotunes fla's kernels)
-    for mode in ("fla", "kda_dhu"):
-        with backend_mode(mode):
-            try:
-                backward(*forward())
-                torch.cuda.synchronize()
-            except Exception as err:  # noqa: BLE001 - fla's refusal is the skip reason
-                if op == "gdn" and mode == "fla":
-                    import triton
-
-                    pytest.skip(
-                        f"fla refuses GDN's backward here: {type(err).__name__}: {err} "
-                        f"(Triton {triton.__version__}, {torch.cuda.get_device_name()})"
-                    )
-                raise
-
-    # stage 4 alone: behind a sleep, under "error"
-    original = module.chunk_gated_delta_rule_bwd_dhu
-    busy = []
-
-    def stage4(*args, **kwargs):
-        stream = torch.cuda.current_stream()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        with _sync_debug("error"):
-            out = original(*args, **kwargs)
-        busy.append(not stream.query())
-        return out
-
-    with backend_mode("kda_dhu"), KernelProbe() as probe, monkeypatch.context() as m:
-        m.setattr(module, "chunk_gated_delta_rule_bwd_dhu", stage4)
-        backward(*forward())
-        torch.cuda.synchronize()
-    assert busy == [True], f"stage 4 calls that returned before the GPU drained: {busy}"
-    assert probe.launches == 1, f"{probe.launches} kernel launches for one stage-4 call"
-    assert len(probe.verdicts) == 1 and probe.verdicts[0][0], probe.verdicts
-
-    # the whole backward: synchronizing torch calls with the backend off and on
-    counts, grads = {}, {}
-    for mode in ("fla", "kda_dhu"):
-        with backend_mode(mode):
-            o, ht = forward()
-            torch.cuda.synchronize()
-            grads[mode], counts[mode] = _count_syncs(lambda: backward(o, ht))  # noqa: B023
-            torch.cuda.synchronize()
-    assert counts["kda_dhu"] <= counts["fla"], f"synchronizing calls in the backward: {counts}"
-    if counts["fla"] == 0:
-        with backend_mode("kda_dhu"):
-            o, ht = forward()
-            torch.cuda.synchronize()
-            with _sync_debug("error"):
-                backward(o, ht)
-            torch.cuda.synchronize()
-    for n, on, off in zip(names, grads["kda_dhu"], grads["fla"]):
-        e = rel_err(on, off)
-        assert e < 1e-2, f"{op} gradient of {n}: kda-dhu on vs off {e:.3e}"
 
 
 # ------------------------------------------------------------------- CUDA graphs
@@ -518,7 +332,7 @@ def _copy_call(dst: dict, src: dict) -> None:
 GRAPH_ROUTES = {
     "direct": _direct,
     "use_graph": lambda a: _direct(dict(a, use_graph=True)),
-    "registry": _via_registry,
+    "registry": via_registry,
 }
 
 
@@ -537,7 +351,7 @@ def test_packed_batch_captured_in_a_cuda_graph_replays_new_lengths(rng, route, i
     assert not torch.equal(static["cu_seqlens"], fresh["cu_seqlens"])
     with backend_mode("kda_dhu"):
         if route == "registry":
-            _registry()
+            register_or_skip()
         graph, outs, captured = _capture(lambda: fn(static))
     assert captured == 1, f"{captured} kernel launches captured (fla's kernel instead?)"
     for data, what in ((None, "replay"), (fresh, "replay on new lengths")):
@@ -709,8 +523,8 @@ def test_check_inputs_raises_a_bad_packed_batch_at_once(rng, monkeypatch, name, 
     same words, naming the argument), launches nothing and leaves no device error."""
     monkeypatch.setenv("KDA_DHU_CHECK_INPUTS", "1")
     _, bad_call, bad = _batch(rng, name, torch.int64)
-    fn = {"function": _direct, "op": _op, "registry": _via_registry}[entry]
-    _registry()
+    fn = {"function": _direct, "op": _op, "registry": via_registry}[entry]
+    register_or_skip()
     before = _core.launch_count()
     with backend_mode("kda_dhu"):
         with pytest.raises(ValueError) as err:
@@ -728,7 +542,7 @@ def test_kernel_probe_counts_the_one_crossing_path(rng, monkeypatch):
     direct entry point (dense and packed; the general path made to fail), kda_dhu_b2a,
     fla's registry (the verifier's prepared call run in one crossing); an input that is
     copied (the general path); none where fla computes."""
-    _registry()
+    register_or_skip()
     dense, varlen = _dense(rng), _varlen(rng)
     b2a = _dense(rng, B=2, T=128, H=32, HV=32, V=256)
     copied, fla_call = _copied_q(rng), _dense(rng, K=256)
@@ -743,8 +557,8 @@ def test_kernel_probe_counts_the_one_crossing_path(rng, monkeypatch):
                 _direct(a)
             _b2a(b2a)
             with backend_mode("kda_dhu"):
-                _via_registry(dense)
-                _via_registry(varlen)
+                via_registry(dense)
+                via_registry(varlen)
         assert probe.launches == 5, probe.launches
         _direct(copied)
         assert probe.launches == 6
