@@ -142,7 +142,9 @@ _CHILD = """
     # every patched module's name routes to kda-dhu's dispatcher, which falls back to fla's
     # function with what that fla takes (KDA_DHU_FORCE=fla keeps the one-crossing path out;
     # the verdict is a stand-in: the real one needs CUDA tensors)
-    _dispatch._decide = lambda rule, c: (False, "stand-in verdict", None, c)
+    import types
+    stand_in_call = types.SimpleNamespace(nt=2, copies=[])
+    _dispatch._decide = lambda rule, c: (False, "stand-in verdict", stand_in_call, c)
     _dispatch._on_cpu = lambda q: False  # CPU tensors stand in for CUDA ones
     a = make_inputs(1, 100, 2, 2, 64, 64, torch.bfloat16, "gk")
     results = [sys.modules[n].chunk_gated_delta_rule_bwd_dhu(**a) for n in out["patched_modules"]]
