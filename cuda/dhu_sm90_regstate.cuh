@@ -89,10 +89,10 @@ constexpr int SMEM_OPTIN_MAX = 227 * 1024;
 // keeps 2 so that two CTAs share an SM; K = 128 with two warpgroups has no room).
 template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG == 1) ? 3 : 2; }
 template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 32 : (NWG + 1) * WG_THREADS; }
-// NWG = 2: the producer warpgroup keeps 40 registers (it holds one chunk's gate values
-// ahead), the consumers get the rest: 2 x 128 x 232 + 128 x 40 = 64512 <= 65536.
-constexpr int PRODUCER_REGS_WG2 = 40;
-constexpr int CONSUMER_REGS_WG2 = 232;
+// NWG = 2: setmaxnreg moves the producer warpgroup's registers to the consumers:
+// 2 x 128 x 240 + 128 x 24 = 64512 <= 65536.
+constexpr int PRODUCER_REGS_WG2 = 24;
+constexpr int CONSUMER_REGS_WG2 = 240;
 // Named barrier ids (0 is __syncthreads): 1 + wg for warpgroup wg's 128 threads,
 // ALL_CONSUMERS for every consumer thread (NWG = 2: the shared q / w rows of a short chunk).
 constexpr int ALL_CONSUMERS = 3;
@@ -154,7 +154,21 @@ struct SmGeom {
   }
 };
 
-// The register-A wgmma atoms: m64nNk16, fp32 accumulators, A K-major from registers.
+// The wgmma atoms: m64nNk16, fp32 accumulators; RS: A K-major from registers, SS: A and
+// B MN-major from shared memory (QD: do^T and q).
+template <class T, int N> struct SsAtom;
+template <> struct SsAtom<cutlass::bfloat16_t, 64> {
+  using type = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <> struct SsAtom<cutlass::bfloat16_t, 128> {
+  using type = SM90_64x128x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <> struct SsAtom<cutlass::half_t, 64> {
+  using type = SM90_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <> struct SsAtom<cutlass::half_t, 128> {
+  using type = SM90_64x128x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
 template <class T, int N, GMMA::Major MB, GMMA::ScaleIn SA> struct RsAtom;
 template <GMMA::Major MB, GMMA::ScaleIn SA> struct RsAtom<cutlass::bfloat16_t, 64, MB, SA> {
   using type = SM90_64x64x16_F32BF16BF16_RS<GMMA::Major::K, MB, SA>;
@@ -179,6 +193,17 @@ __device__ __forceinline__ void rs_mma_impl(const uint32_t* a, uint64_t desc_b, 
 template <class Op, int NACC>
 __device__ __forceinline__ void rs_mma(const uint32_t* a, uint64_t desc_b, float (&d)[NACC], GMMA::ScaleOut scale_d) {
   rs_mma_impl<Op>(a, desc_b, d, scale_d, std::make_index_sequence<NACC>{});
+}
+
+// One shared-memory wgmma: A and B descriptors, D = the NACC accumulator registers.
+template <class Op, int NACC, size_t... I>
+__device__ __forceinline__ void ss_mma_impl(uint64_t desc_a, uint64_t desc_b, float (&d)[NACC], GMMA::ScaleOut scale_d,
+                                            std::index_sequence<I...>) {
+  Op::fma(desc_a, desc_b, d[I]..., scale_d);
+}
+template <class Op, int NACC>
+__device__ __forceinline__ void ss_mma(uint64_t desc_a, uint64_t desc_b, float (&d)[NACC], GMMA::ScaleOut scale_d) {
+  ss_mma_impl<Op>(desc_a, desc_b, d, scale_d, std::make_index_sequence<NACC>{});
 }
 
 // Registers read or written by wgmma: the compiler must not move other accesses across
@@ -219,25 +244,28 @@ __device__ __forceinline__ uint32_t mask_pair(uint32_t u, int t, int rows) {
   return u & ((t < rows ? 0x0000ffffu : 0u) | (t + 1 < rows ? 0xffff0000u : 0u));
 }
 
-// do^T of a [64 t][64 v] tile as QD's A fragment (16 registers): weighted by exp2(g[t])
-// (rounded to T) with g, zero for columns t >= rows.
+// do rows of a [64 t][64 v] 128-byte-swizzled tile, in place, by one warpgroup: rows
+// t >= rows zeroed, the others weighted by exp2(g[t]) (s_weight, rounded to T) with g.
+// Generic-proxy writes: a fence.proxy.async and a barrier must follow before wgmma reads.
 template <class T>
-__device__ __forceinline__ void load_do_frag(uint32_t (&a)[16], uint32_t tile, uint32_t lane_off, int col0, bool use_g,
-                                             uint32_t s_weight, int rows) {
-  CUTE_UNROLL
-  for (int kt = 0; kt < 4; ++kt) ldsm_x4_trans(tile + kt * 2048 + lane_off, &a[4 * kt]);
-  if (use_g) {
-    CUTE_UNROLL
-    for (int r = 0; r < 16; ++r) {
-      const int t = 16 * (r >> 2) + 8 * ((r & 3) >> 1) + col0;
-      const float2 e = ld_shared_f32x2(s_weight + t * 4);
-      const float2 f = unpack2<T>(a[r]);
-      a[r] = pack2<T>(f.x * e.x, f.y * e.y);
+__device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool use_g, uint32_t s_weight, int rows) {
+  // 64 rows x 8 chunks of 16 bytes; the swizzle permutes chunks within a row only.
+  for (int j = ctid; j < BT * 8; j += 128) {
+    const int row = j >> 3;
+    const uint32_t a = tile + row * 128 + (j & 7) * 16;
+    if (row >= rows) {
+      st_shared_v4(a, make_uint4(0, 0, 0, 0));
+    } else if (use_g) {
+      const float e = ld_shared_f32(s_weight + row * 4);
+      uint4 u = ld_shared_v4(a);
+      uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+      CUTE_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = unpack2<T>(w[q]);
+        w[q] = pack2<T>(f.x * e, f.y * e);
+      }
+      st_shared_v4(a, u);
     }
-  }
-  if (rows < BT) {
-    CUTE_UNROLL
-    for (int r = 0; r < 16; ++r) a[r] = mask_pair(a[r], 16 * (r >> 2) + 8 * ((r & 3) >> 1) + col0, rows);
   }
 }
 
@@ -251,7 +279,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr int NA = K / 4;           // registers of bf16(b^T) as an A fragment
   constexpr int ND = BT / 2;          // fp32 registers of DV^T [64, BT]
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, GMMA::ScaleIn::One>::type;
-  using OpQD = typename RsAtom<T, K, GMMA::Major::MN, GMMA::ScaleIn::One>::type;
+  using OpQD = typename SsAtom<T, K>::type;
   using OpWD = typename RsAtom<T, K, GMMA::Major::MN, GMMA::ScaleIn::Neg>::type;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -420,17 +448,24 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   using LayoutKt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BT>, Int<K>>{}));
   using LayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<K>, Int<BT>>{}, Step<_2, _1>{}));
   auto mma_dv = make_tiled_mma(OpDV{});
-  auto mma_kd = make_tiled_mma(OpQD{});  // QD and WD: same shape and B layout
+  auto mma_wd = make_tiled_mma(OpWD{});
+  auto mma_qd = make_tiled_mma(OpQD{});
   auto thr_dv = mma_dv.get_thread_slice(ctid);
-  auto thr_kd = mma_kd.get_thread_slice(ctid);
+  auto thr_wd = mma_wd.get_thread_slice(ctid);
+  auto thr_qd = mma_qd.get_thread_slice(ctid);
   auto s_at = [&](int off) { return make_smem_ptr(reinterpret_cast<T*>(smem + off)); };
   // DV's B: the k tile (N = t, K dim = k), K-major; k-block kb's descriptor.
   auto k_descs = [&](int stage) {
     return thr_dv.make_fragment_B(thr_dv.partition_B(make_tensor(s_at(stage * Map::STAGE + Map::K_OFF), LayoutKt{})));
   };
-  // QD's / WD's B: the q / w tile (N = k, K dim = t), MN-major.
-  auto kt_descs = [&](int stage, int off) {
-    return thr_kd.make_fragment_B(thr_kd.partition_B(make_tensor(s_at(stage * Map::STAGE + off), LayoutQt{})));
+  // QD's / WD's B: the q / w tile (N = k, K dim = t), MN-major. QD's A: do^T (M = v,
+  // K dim = t), MN-major (the [t][v] tile).
+  using LayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<BT>>{}));
+  auto do_descs = [&](int stage) {
+    return thr_qd.make_fragment_A(thr_qd.partition_A(make_tensor(s_at(stage * Map::STAGE + DO_OFF), LayoutVt{})));
+  };
+  auto kt_descs = [&](auto& thr, int stage, int off) {
+    return thr.make_fragment_B(thr.partition_B(make_tensor(s_at(stage * Map::STAGE + off), LayoutQt{})));
   };
 
   float b[NS];        // b^T [64 v, K], fp32
@@ -438,7 +473,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   float dv[ND];       // DV^T [64 v, 64 t] (starts from dv^T without g)
   uint32_t ab[NA];    // bf16(b^T): DV's A fragment, and the dh checkpoint
   uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment, and the dv2 tile
-  uint32_t ado[ND / 2];   // do^T: QD's A fragment
 
   // (sequence, value head) for dht / dh0 (blockIdx.z afresh, as dhu_sm90.cu).
   const int64_t nh = int64_t(ctaid_z()) * p.HV + hv;
@@ -495,15 +529,16 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       }
     }
   };
-  // QD^T = do^T . q of a stage (ado: its A fragment), into qd.
+  // QD^T = do^T . q of a stage, into qd (do's rows already prepared).
   auto issue_qd = [&](int stage) {
-    auto tB = kt_descs(stage, Map::Q_OFF);
-    fence_regs(ado);
+    auto tA = do_descs(stage);
+    auto tB = kt_descs(thr_qd, stage, Map::Q_OFF);
     fence_regs(qd);
     warpgroup_arrive();
     CUTE_UNROLL
     for (int kt = 0; kt < BT / 16; ++kt)
-      rs_mma<OpQD>(&ado[4 * kt], uint64_t(tB(0, 0, kt)), qd, kt == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+      ss_mma<OpQD>(uint64_t(tA(0, 0, kt)), uint64_t(tB(0, 0, kt)), qd,
+                   kt == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
     warpgroup_commit_batch();
     fence_regs(qd);
   };
@@ -517,28 +552,30 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // Prologue: stage 0's QD, and DV's accumulator from dv without g.
   {
     wait_bar(&full_bar[0], 0);
-    if (partial) {
-      // q and w rows past the sequence's end are zeroed (0 * NaN from the memory past a
-      // sequence would not vanish in QD and WD; fla masks these loads). k's rows only
-      // reach DV's columns past the end, which are masked; do and dv are masked in
-      // registers. q and w are shared: with two warpgroups each zeroes one.
-      for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
-        const int row = (j >> 3) % BT;
-        if (row >= rows0) {
-          const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
-          if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
-          if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+    if (partial || use_g) {
+      // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
+      // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
+      // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
+      // end, which are masked, as are dv's). q and w are shared: with two warpgroups
+      // each zeroes one. With g, do[t] *= exp2(g[t]).
+      prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
+      if (partial) {
+        for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
+          const int row = (j >> 3) % BT;
+          if (row >= rows0) {
+            const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
+            if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+            if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+          }
         }
       }
       fence_proxy_async();
-      if constexpr (NWG > 1)
+      if (NWG > 1 && partial)
         named_sync(CONSUMERS, ALL_CONSUMERS);
       else
         wg_sync();
     }
     if (!use_g) load_dv_acc(smem_u32);
-    load_do_frag<T>(ado, smem_u32 + DO_OFF, lane_tr, fg.col0, use_g, gate_at(0) + G_WEIGHT * 4,
-                    partial ? rows0 : BT);
     issue_qd(0);
     warpgroup_wait<0>();
     fence_regs(qd);
@@ -604,15 +641,17 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
     }
 
-    // QD_{i+1}, queued behind DV_i on the tensor pipe.
+    // QD_{i+1}, queued behind DV_i on the tensor pipe: with g, do_{i+1}[t] *= exp2(g[t])
+    // first. sBh and sDv2 are free once the previous chunk's stores have read them (the
+    // leader waits); the barrier also orders the do rows before QD's reads.
     wait_bar(&full_bar[ns], nphase);
-    load_do_frag<T>(ado, nst_u32 + DO_OFF, lane_tr, fg.col0, use_g, gate_at(ns) + G_WEIGHT * 4, BT);
-    issue_qd(ns);
-
-    // sBh and sDv2 are free once the previous chunk's stores have read them (the leader
-    // waits, the barrier tells the warpgroup); then bf16(b) -> sBh.
+    if (use_g) prepare_do_rows<T>(nst_u32 + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
+    fence_proxy_async();
     if (leader) tma_store_wait<0>();
     wg_sync();
+    issue_qd(ns);
+
+    // bf16(b) -> sBh.
     CUTE_UNROLL
     for (int kb = 0; kb < K / 16; ++kb) {
       if constexpr (SVF)
@@ -649,7 +688,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // b^T += -(dv2^T . w)
     {
-      auto tB = kt_descs(s, Map::W_OFF);
+      auto tB = kt_descs(thr_wd, s, Map::W_OFF);
       fence_regs(adv2);
       fence_regs(b);
       warpgroup_arrive();
