@@ -7,6 +7,7 @@
 //! | `KDA_DHU_FORCE` | `kernel`, `fla` | force a path (debugging): `kernel` runs the kernel wherever it can compute the call (the planner's "capable" rule) and raises where it cannot; `fla` always runs fla's function |
 //! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
+//! | `KDA_DHU_SM90_VARIANT` | `regstate`, `smem` | Hopper kernel: `regstate` runs the register-state variant (cuda/dhu_sm90_regstate.cuh) on every sm_90a call; `smem` or unset, the default kernel (measurements) |
 //! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
 //! | `KDA_DHU_NO_AUTOREGISTER` | `1` | do not register kda-dhu in fla's backend registry on import |
 //! | `FLA_KDA_DHU` | `0` | fla's own switch of this backend (read by fla) |
@@ -23,6 +24,7 @@ pub enum Force {
 pub const FORCE: &str = "KDA_DHU_FORCE";
 pub const CHECK_INPUTS: &str = "KDA_DHU_CHECK_INPUTS";
 pub const SM90_NWG: &str = "KDA_DHU_SM90_NWG";
+pub const SM90_VARIANT: &str = "KDA_DHU_SM90_VARIANT";
 pub const NO_EXCHANGE_API: &str = "KDA_DHU_NO_EXCHANGE_API";
 pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
 
@@ -31,6 +33,7 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (FORCE, "kernel|fla: force a path (debugging)"),
     (CHECK_INPUTS, "1: check packed-batch tables on the host before each call (synchronizes)"),
     (SM90_NWG, "1|2: Hopper kernel's consumer warpgroups per CTA (measurements)"),
+    (SM90_VARIANT, "regstate|smem: Hopper kernel variant, smem (the default) until regstate is measured"),
     (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
 ];
@@ -69,6 +72,12 @@ pub fn sm90_nwg() -> Option<u32> {
         Some("2") => Some(2),
         _ => None,
     }
+}
+
+/// `KDA_DHU_SM90_VARIANT` = `regstate`: the register-state Hopper kernel; other values
+/// (`smem`, unset) keep the default kernel.
+pub fn sm90_regstate() -> bool {
+    value(SM90_VARIANT).as_deref() == Some("regstate")
 }
 
 /// `KDA_DHU_NO_EXCHANGE_API`.
