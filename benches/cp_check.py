@@ -43,8 +43,8 @@ What one case does (every rank, same inputs, broadcast from rank 0):
      kind ``cp``:    CP (off or on) vs one-GPU fla       (tolerance --tol-cp / --tol-cp-max)
      kind ``noise``: fla run twice (reported, not checked)
    Metrics: rel_fro = ||out - ref||_F / ||ref||_F, max_rel = max|out - ref| / max|ref|.
-4. Routing: a wrapper around kda_dhu._dispatch._run_kernel counts kernel launches, one
-   around kda_dhu._dispatch.plan_call records the backend verifier's verdicts, one around
+4. Routing: kda_dhu._core.launch_count() counts kernel launches (every route), a wrapper
+   around kda_dhu._dispatch.verify records the backend verifier's verdicts, one around
    fla.ops.kda.chunk_bwd's stage-4 global counts stage-4 calls. Stage 4 must be called in
    every backward; with the backend off the kernel must never run; with it on it must run
    once per stage-4 call in the settings --require-kernel names.
@@ -901,7 +901,7 @@ def dry_run(args) -> int:
         assert os.environ.get(BACKEND_ENV) == before
         with Routing() as probe:
             bound = {name: (module, original, ours) for module, name, original, ours in probe._bound}
-            assert set(bound) == {"_run_kernel", "plan_call", STAGE4}, sorted(bound)
+            assert set(bound) == {"verify", STAGE4}, sorted(bound)
             for name, (module, _original, ours) in bound.items():
                 assert module.__dict__[name] is ours, name
         for name, (module, original, _ours) in bound.items():

@@ -557,6 +557,15 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
     launch_validated(args, &desc, &info, outs, stream)
 }
 
+/// Kernel launches of this process that the driver accepted (every route: tests and
+/// benchmarks count them around a call).
+static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Kernel launches so far (`_core.launch_count()`).
+pub fn launch_count() -> u64 {
+    LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Outputs checked, DhuParams filled, descriptors from the cache, one cuLaunchKernel.
 fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &Outputs, stream: u64) -> Result<()> {
     let (arch, config, mut params) = launch_params(args, desc, info, outs)?;
@@ -594,7 +603,9 @@ fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &
             config.entry_point(arch),
             dev.ordinal
         )
-    })
+    })?;
+    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod abi;
+pub mod cpu;
 pub mod driver;
 pub mod env;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod launch;
 pub mod plan;
 #[cfg(test)]
 mod ptxas;
+mod py_cpu;
 pub mod tensor;
 pub mod tma;
 pub mod validate;
@@ -260,12 +262,17 @@ struct PyPrepared {
 
 /// dh in q's dtype, dh0 float32, dv2 in dv's dtype, on the inputs' device, through torch
 /// (`new_empty`: the caching allocator, torch's current device of the inputs).
+/// (dh, dh0 or None, dv2) as Python objects.
+type PyOutputs<'py> = (Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Bound<'py, PyAny>);
+/// (dh shape, dh0 shape or None, dv2 shape).
+type ShapeTuple = ([i64; 5], Option<[i64; 4]>, [i64; 4]);
+
 fn alloc_outputs<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
     dv: &Bound<'py, PyAny>,
     shapes: &validate::OutShapes,
-) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Bound<'py, PyAny>)> {
+) -> PyResult<PyOutputs<'py>> {
     let new_empty = pyo3::intern!(py, "new_empty");
     let dh = q.call_method1(new_empty, (shapes.dh,))?;
     let dh0 = match shapes.dh0 {
@@ -328,7 +335,7 @@ impl PyPrepared {
     }
 
     /// (dh shape, dh0 shape or None, dv2 shape), or None while NT is unknown.
-    fn out_shapes(&self) -> Option<([i64; 5], Option<[i64; 4]>, [i64; 4])> {
+    fn out_shapes(&self) -> Option<ShapeTuple> {
         self.call.desc.out_shapes().map(|s| (s.dh, s.dh0, s.dv2))
     }
 
@@ -440,6 +447,53 @@ fn py_prepare<'py>(
     Ok((ok, reason, call))
 }
 
+/// `prepare`'s verdict alone: (True, "kernel-sm90a") or (False, reason). Raises as `prepare`.
+#[pyfunction]
+#[pyo3(name = "plan", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, nt=None))]
+#[allow(clippy::too_many_arguments)]
+fn py_plan<'py>(
+    py: Python<'py>,
+    rule: &str,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    r#do: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+    g: Option<&Bound<'py, PyAny>>,
+    gk: Option<&Bound<'py, PyAny>>,
+    h0: Option<&Bound<'py, PyAny>>,
+    dht: Option<&Bound<'py, PyAny>>,
+    scale: Option<&Bound<'py, PyAny>>,
+    state_v_first: Arg<'py>,
+    cu_seqlens: Option<&Bound<'py, PyAny>>,
+    chunk_size: Arg<'py>,
+    chunk_indices: Option<&Bound<'py, PyAny>>,
+    chunk_offsets: Option<&Bound<'py, PyAny>>,
+    nt: Option<i64>,
+) -> PyResult<(bool, String)> {
+    let (ok, reason, _) = py_prepare(
+        py,
+        rule,
+        q,
+        k,
+        w,
+        r#do,
+        dv,
+        g,
+        gk,
+        h0,
+        dht,
+        scale,
+        state_v_first,
+        cu_seqlens,
+        chunk_size,
+        chunk_indices,
+        chunk_offsets,
+        nt,
+    )?;
+    Ok((ok, reason))
+}
+
 /// The outputs through DLPack.
 fn outputs(dh: &Bound<'_, PyAny>, dh0: Option<&Bound<'_, PyAny>>, dv2: &Bound<'_, PyAny>) -> error::Result<Outputs> {
     Ok(Outputs {
@@ -526,7 +580,8 @@ fn current_stream(py: Python<'_>, ordinal: i32) -> PyResult<u64> {
 /// torch's current stream of the inputs' device. Returns (dh, dh0 or None, dv2), or None
 /// where the caller must take the general path (a fallback or another architecture, an
 /// input to copy, a packed batch without chunk_indices, KDA_DHU_FORCE or
-/// KDA_DHU_CHECK_INPUTS set, or a tensor argument that is not a plain torch.Tensor).
+/// KDA_DHU_CHECK_INPUTS set, a tensor argument that is not a plain torch.Tensor, or
+/// q in host memory: the CPU path).
 /// Raises as `prepare` for invalid input. Does not synchronize.
 #[pyfunction]
 #[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None))]
@@ -580,9 +635,17 @@ fn py_run<'py>(
             chunk_offsets,
             None,
         )?;
-        launch::Prepared::new(a, rule)
-    })?;
-    run_prepared(py, &call, &plan, q, dv)
+        if a.q.device.is_host() {
+            validate::validate(&a, false)?; // bad input named here, as on the GPU
+            return Ok(None); // the CPU path (the general path routes it)
+        }
+        launch::Prepared::new(a, rule).map(Some)
+    })?
+    .map_or((None, None), |(c, p)| (Some(c), Some(p)));
+    match (call, plan) {
+        (Some(call), Some(plan)) => run_prepared(py, &call, &plan, q, dv),
+        _ => Ok(None),
+    }
 }
 
 /// Checks a packed batch's tables on the host (`src/varlen.rs`, the one checker): cu_seqlens
@@ -609,6 +672,24 @@ fn force() -> PyResult<Option<&'static str>> {
             env::Force::Kernel => "kernel",
             env::Force::Fla => "fla",
         }))
+    })
+}
+
+/// Kernel launches of this process so far (every route), for tests and benchmarks.
+#[pyfunction]
+fn launch_count() -> u64 {
+    launch::launch_count()
+}
+
+/// The value of the environment switch `name` (trimmed, lower-cased; None when unset: absent,
+/// "", "0" or "auto"). ValueError for a name that is not one of kda-dhu's switches.
+#[pyfunction]
+fn switch(name: &str) -> PyResult<Option<String>> {
+    guard(|| {
+        if !env::SWITCHES.iter().any(|&(n, _)| n == name) {
+            return Err(Error::value("name", format!("expected one of kda-dhu's switches (src/env.rs), got {name:?}")));
+        }
+        Ok(env::value(name))
     })
 }
 
@@ -673,10 +754,13 @@ fn embedded_kernels() -> Vec<(String, String)> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_validate, m)?)?;
     m.add_function(wrap_pyfunction!(py_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(py_plan, m)?)?;
     m.add_function(wrap_pyfunction!(check_tables, m)?)?;
     m.add_function(wrap_pyfunction!(check_input_errors, m)?)?;
     m.add_function(wrap_pyfunction!(force, m)?)?;
     m.add_function(wrap_pyfunction!(switches, m)?)?;
+    m.add_function(wrap_pyfunction!(switch, m)?)?;
+    m.add_function(wrap_pyfunction!(launch_count, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;
@@ -687,6 +771,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_arch, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(py_cpu::py_cpu_bwd_dhu, m)?)?;
     m.add("MIN_CTAS_EXTENDED", plan::MIN_CTAS_EXTENDED)?;
     m.add("MIN_CTAS_B2A", plan::MIN_CTAS_B2A)?;
     m.add("TMA_CACHE_CAPACITY", tma::TMA_CACHE_CAPACITY)?;

@@ -141,6 +141,11 @@ impl Device {
     pub fn is_cuda(self) -> bool {
         matches!(self.kind, DeviceKind::Cuda | DeviceKind::CudaManaged)
     }
+
+    /// Memory the CPU can read: host memory (pinned CUDA host memory included).
+    pub fn is_host(self) -> bool {
+        matches!(self.kind, DeviceKind::Cpu | DeviceKind::CudaHost)
+    }
 }
 
 impl fmt::Display for Device {
@@ -214,8 +219,303 @@ pub fn fmt_shape(shape: &[i64]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-/// DLPack intake (the only PyO3 code outside lib.rs).
-pub use py::{current_cuda_stream, intake, is_plain_tensor};
+/// An element type the CPU path reads and writes. Conversions to a narrower type round
+/// to nearest even (the `half` crate's for bfloat16 and float16), as torch's `.to()` does.
+pub trait HostElem: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn to_f32(self) -> f32;
+    fn to_f64(self) -> f64;
+    fn from_f32(x: f32) -> Self;
+    fn from_f64(x: f64) -> Self;
+}
+
+macro_rules! host_elem_16 {
+    ($t:ty, $dtype:expr) => {
+        impl HostElem for $t {
+            const DTYPE: DType = $dtype;
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+            fn from_f32(x: f32) -> Self {
+                <$t>::from_f32(x)
+            }
+            fn from_f64(x: f64) -> Self {
+                <$t>::from_f64(x)
+            }
+        }
+    };
+}
+host_elem_16!(half::bf16, DType::BF16);
+host_elem_16!(half::f16, DType::F16);
+
+impl HostElem for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+}
+
+impl HostElem for f64 {
+    const DTYPE: DType = DType::F64;
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x as f64
+    }
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+}
+
+/// The arithmetic types of the CPU path (f32, f64): what a view's elements are read as
+/// and written from.
+pub trait HostFloat: HostElem + Default {
+    fn from_elem<E: HostElem>(e: E) -> Self;
+    fn into_elem<E: HostElem>(self) -> E;
+}
+
+impl HostFloat for f32 {
+    fn from_elem<E: HostElem>(e: E) -> Self {
+        e.to_f32()
+    }
+    fn into_elem<E: HostElem>(self) -> E {
+        E::from_f32(self)
+    }
+}
+
+impl HostFloat for f64 {
+    fn from_elem<E: HostElem>(e: E) -> Self {
+        e.to_f64()
+    }
+    fn into_elem<E: HostElem>(self) -> E {
+        E::from_f64(self)
+    }
+}
+
+/// Calls `$body` with `$E` bound to the element type of a float `DType` (bf16, f16, f32,
+/// f64); any other dtype is a bug of the caller (validation admits only these).
+macro_rules! with_float_elem {
+    ($dtype:expr, $E:ident => $body:expr) => {
+        match $dtype {
+            DType::BF16 => {
+                type $E = half::bf16;
+                $body
+            }
+            DType::F16 => {
+                type $E = half::f16;
+                $body
+            }
+            DType::F32 => {
+                type $E = f32;
+                $body
+            }
+            DType::F64 => {
+                type $E = f64;
+                $body
+            }
+            other => panic!("a host view of {other} elements read or written as floats"),
+        }
+    };
+}
+
+/// Compact row-major strides of `shape`, in elements.
+fn compact_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    strides
+}
+
+/// A read-only view of a tensor in host memory, as DLPack described it (any strides):
+/// elements are read by element offset and converted to f32 or f64. What the CPU path
+/// reads its inputs through.
+#[derive(Clone, Debug)]
+pub struct HostView {
+    ptr: *const u8,
+    dtype: DType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+}
+
+// SAFETY: a view only reads, and `HostView::new`'s contract keeps the memory alive and
+// unwritten while views of it are used (from any thread).
+unsafe impl Send for HostView {}
+unsafe impl Sync for HostView {}
+
+impl HostView {
+    /// A view of the tensor `meta` describes; a Device error naming `arg` where its memory
+    /// is not host memory.
+    ///
+    /// # Safety
+    /// `meta` must describe live memory (a validated DLPack tensor: non-negative strides,
+    /// every element in its allocation) that stays alive and unwritten while the view or a
+    /// clone of it is used.
+    pub unsafe fn new(meta: &TensorMeta, arg: &'static str) -> Result<HostView> {
+        if !meta.device.is_host() {
+            return Err(Error::device(arg, format!("expected a CPU tensor, got a tensor on {}", meta.device)));
+        }
+        Ok(HostView {
+            ptr: meta.ptr as *const u8,
+            dtype: meta.dtype,
+            shape: meta.shape.clone(),
+            strides: meta.strides.clone().unwrap_or_else(|| compact_strides(&meta.shape)),
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// Stride of dimension `dim`, in elements.
+    pub fn stride(&self, dim: usize) -> i64 {
+        self.strides[dim]
+    }
+
+    /// Element offset of the element at `idx` (one index per dimension, each in range).
+    pub fn offset(&self, idx: &[i64]) -> i64 {
+        debug_assert_eq!(idx.len(), self.shape.len());
+        debug_assert!(idx.iter().zip(&self.shape).all(|(&i, &d)| (0..d).contains(&i)), "{idx:?} in {:?}", self.shape);
+        idx.iter().zip(&self.strides).map(|(&i, &s)| i * s).sum()
+    }
+
+    /// Reads `out.len()` elements at element offsets `offset + i * step`, converted to `R`
+    /// (exactly, except float64 read as f32). Every offset must be one of the view's
+    /// elements (`offset` of an index in range, `step` a stride along a dimension it
+    /// stays within).
+    pub fn read<R: HostFloat>(&self, offset: i64, step: i64, out: &mut [R]) {
+        with_float_elem!(self.dtype, E => self.read_as::<E, R>(offset, step, out))
+    }
+
+    fn read_as<E: HostElem, R: HostFloat>(&self, offset: i64, step: i64, out: &mut [R]) {
+        let base = self.ptr as *const E;
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: an element of the view (the caller's contract), live by `new`'s;
+            // DLPack does not promise alignment to the element size.
+            let e = unsafe { base.offset((offset + i as i64 * step) as isize).read_unaligned() };
+            *o = R::from_elem(e);
+        }
+    }
+
+    /// The integer at element offset `offset` of an int32 / int64 view (cu_seqlens,
+    /// chunk_offsets).
+    pub fn read_index(&self, offset: i64) -> i64 {
+        // SAFETY: as `read_as`.
+        unsafe {
+            match self.dtype {
+                DType::I64 => (self.ptr as *const i64).offset(offset as isize).read_unaligned(),
+                DType::I32 => (self.ptr as *const i32).offset(offset as isize).read_unaligned() as i64,
+                other => panic!("a host view of {other} elements read as an index"),
+            }
+        }
+    }
+
+    /// Every element of a 1-D int32 / int64 view, in order.
+    pub fn read_indices(&self) -> Vec<i64> {
+        debug_assert_eq!(self.shape.len(), 1);
+        (0..self.shape[0]).map(|i| self.read_index(i * self.strides[0])).collect()
+    }
+}
+
+/// A compact row-major output tensor in host memory, written by element offset from f32
+/// or f64 values (rounded to its dtype). What the CPU path writes its outputs through;
+/// threads may write disjoint elements at once.
+#[derive(Debug)]
+pub struct HostOut {
+    ptr: *mut u8,
+    dtype: DType,
+    numel: i64,
+}
+
+// SAFETY: writers write disjoint elements (`write`'s contract) of memory that
+// `HostOut::new`'s contract gives to this view alone.
+unsafe impl Send for HostOut {}
+unsafe impl Sync for HostOut {}
+
+impl HostOut {
+    /// The output tensor `meta` describes: compact row-major host memory of a float
+    /// dtype (an Internal error otherwise: outputs are allocated by the caller of the
+    /// CPU path, never by the user).
+    ///
+    /// # Safety
+    /// `meta` must describe live, writable memory that nothing else reads or writes while
+    /// the view is used.
+    pub unsafe fn new(meta: &TensorMeta) -> Result<HostOut> {
+        if !meta.device.is_host() || !meta.is_contiguous() || !meta.dtype.is_float() {
+            return Err(Error::Internal(format!(
+                "a CPU output must be a contiguous float tensor in host memory, got {} {} on {}",
+                meta.dtype,
+                fmt_shape(&meta.shape),
+                meta.device
+            )));
+        }
+        Ok(HostOut { ptr: meta.ptr as *mut u8, dtype: meta.dtype, numel: meta.numel() })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn numel(&self) -> i64 {
+        self.numel
+    }
+
+    /// Writes `src` to element offsets `offset + i * step`, rounded to the dtype.
+    ///
+    /// # Safety
+    /// Every offset must be in `0..numel`, and no other thread may read or write those
+    /// elements meanwhile.
+    pub unsafe fn write<R: HostFloat>(&self, offset: i64, step: i64, src: &[R]) {
+        with_float_elem!(self.dtype, E => self.write_as::<E, R>(offset, step, src))
+    }
+
+    unsafe fn write_as<E: HostElem, R: HostFloat>(&self, offset: i64, step: i64, src: &[R]) {
+        let base = self.ptr as *mut E;
+        for (i, &x) in src.iter().enumerate() {
+            let at = offset + i as i64 * step;
+            debug_assert!((0..self.numel).contains(&at));
+            base.offset(at as isize).write_unaligned(x.into_elem::<E>());
+        }
+    }
+
+    /// Sets elements `start .. start + len` to `value` (rounded to the dtype).
+    ///
+    /// # Safety
+    /// As `write`.
+    pub unsafe fn fill(&self, start: i64, len: i64, value: f64) {
+        with_float_elem!(self.dtype, E => {
+            let e = E::from_f64(value);
+            let base = self.ptr as *mut E;
+            for at in start..start + len {
+                debug_assert!((0..self.numel).contains(&at));
+                base.offset(at as isize).write_unaligned(e);
+            }
+        })
+    }
+}
+
+/// DLPack intake (PyO3 code; the rest of this module is plain Rust).
+pub use py::{current_cuda_stream, intake, is_plain_tensor, is_torch_tensor};
 
 mod py {
     use super::*;
@@ -506,6 +806,11 @@ mod py {
         torch(obj.py()).is_some_and(|t| obj.get_type().is(&t.tensor))
     }
 
+    /// A torch.Tensor, subclasses included (false while torch is not imported).
+    pub fn is_torch_tensor(obj: &Bound<'_, PyAny>) -> bool {
+        torch(obj.py()).is_some_and(|t| obj.is_instance(t.tensor.bind(obj.py())).unwrap_or(false))
+    }
+
     /// torch's current CUDA stream of device `ordinal` as a raw handle, through the
     /// exchange API; None where this torch has none.
     pub fn current_cuda_stream(py: Python<'_>, ordinal: i32) -> Option<u64> {
@@ -632,6 +937,57 @@ mod tests {
         assert_eq!(Device::from_dlpack(2, 3).to_string(), "cuda:3");
         assert!(Device::from_dlpack(13, 0).is_cuda());
         assert!(!Device::from_dlpack(3, 0).is_cuda());
+    }
+
+    #[test]
+    fn host_views_read_strided_elements_of_every_dtype() {
+        // [2, 3] float64 values stored column-major (strides [1, 2])
+        let vals = [1.0f64, 4.0, 2.0, 5.0, 3.0, 6.0];
+        let meta = TensorMeta {
+            ptr: vals.as_ptr() as u64,
+            shape: vec![2, 3],
+            strides: Some(vec![1, 2]),
+            dtype: DType::F64,
+            device: Device::cpu(),
+        };
+        // SAFETY: `vals` outlives the view.
+        let v = unsafe { HostView::new(&meta, "x") }.unwrap();
+        let mut row = [0f32; 3];
+        v.read(v.offset(&[1, 0]), v.stride(1), &mut row);
+        assert_eq!(row, [4.0, 5.0, 6.0]);
+        // bfloat16 and int32, compact
+        let b = [half::bf16::from_f32(1.5), half::bf16::from_f32(-2.0)];
+        let meta = TensorMeta::contiguous(b.as_ptr() as u64, &[2], DType::BF16, Device::cpu());
+        let mut out = [0f64; 2];
+        unsafe { HostView::new(&meta, "x") }.unwrap().read(0, 1, &mut out);
+        assert_eq!(out, [1.5, -2.0]);
+        let idx = [0i32, 7, 9];
+        let meta = TensorMeta::contiguous(idx.as_ptr() as u64, &[3], DType::I32, Device::cpu());
+        assert_eq!(unsafe { HostView::new(&meta, "cu_seqlens") }.unwrap().read_indices(), vec![0, 7, 9]);
+        // not host memory: a Device error naming the argument
+        let meta = TensorMeta::contiguous(0x1000, &[3], DType::F32, Device::cuda(0));
+        let e = unsafe { HostView::new(&meta, "k") }.unwrap_err();
+        assert_eq!(e.to_string(), "k: expected a CPU tensor, got a tensor on cuda:0");
+    }
+
+    #[test]
+    fn host_outputs_round_to_nearest_even() {
+        let mut buf = [half::bf16::ZERO; 4];
+        let meta = TensorMeta::contiguous(buf.as_mut_ptr() as u64, &[4], DType::BF16, Device::cpu());
+        // SAFETY: `buf` outlives the view and nothing else touches it.
+        let out = unsafe { HostOut::new(&meta) }.unwrap();
+        // 1 + 2^-8 is halfway between bf16's 1 and 1 + 2^-7: to even (1); 1 + 3 * 2^-8
+        // is halfway between 1 + 2^-7 and 1 + 2^-6: to even (1 + 2^-6)
+        unsafe { out.write(0, 2, &[1.0f32 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8)]) };
+        unsafe { out.fill(1, 1, f64::NAN) };
+        assert_eq!(buf[0].to_f32(), 1.0);
+        assert!(buf[1].is_nan());
+        assert_eq!(buf[2].to_f32(), 1.0 + 2f32.powi(-6));
+        assert_eq!(buf[3].to_f32(), 0.0);
+        // an output must be compact host memory of a float dtype
+        let meta =
+            TensorMeta { strides: Some(vec![2]), ..TensorMeta::contiguous(0x10, &[4], DType::F32, Device::cpu()) };
+        assert!(matches!(unsafe { HostOut::new(&meta) }, Err(Error::Internal(_))));
     }
 
     #[test]

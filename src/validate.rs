@@ -172,8 +172,34 @@ fn expect_dtype_like(t: &TensorMeta, arg: &'static str, want: DType, other: &str
     }
 }
 
-const FLOATS: &[DType] = &[DType::BF16, DType::F16, DType::F32];
-const FLOATS_WORDS: &str = "bfloat16, float16 or float32";
+/// The element types a path takes: `data` for q, k, w, do and dv, `fp32` for g, gk and
+/// dht (the fp32 tensors of fla's signature), with the words of their error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dtypes {
+    pub data: &'static [DType],
+    pub data_words: &'static str,
+    pub fp32: &'static [DType],
+    pub fp32_words: &'static str,
+}
+
+/// fla's element types, and so the kernels' and the CPU path's `fla` mode: q, k, w, do,
+/// dv in bfloat16, float16 or float32; g, gk, dht in float32.
+pub const FLA_DTYPES: Dtypes = Dtypes {
+    data: &[DType::BF16, DType::F16, DType::F32],
+    data_words: "bfloat16, float16 or float32",
+    fp32: &[DType::F32],
+    fp32_words: "float32",
+};
+
+/// The CPU path's `float64` mode (the reference arithmetic): fla's element types and
+/// float64 throughout.
+pub const F64_DTYPES: Dtypes = Dtypes {
+    data: &[DType::BF16, DType::F16, DType::F32, DType::F64],
+    data_words: "bfloat16, float16, float32 or float64",
+    fp32: &[DType::F32, DType::F64],
+    fp32_words: "float32 or float64",
+};
+
 const INDEX: &[DType] = &[DType::I64, DType::I32];
 const INDEX_WORDS: &str = "int64 or int32";
 
@@ -215,6 +241,13 @@ fn named_tensors(a: &CallArgs) -> Vec<(&'static str, &TensorMeta)> {
 /// Validates a call. `check_device`: also require every tensor on one CUDA device
 /// (the full check, used by planning and launching; `validate()` on CPU skips it).
 pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
+    validate_dtypes(a, check_device, &FLA_DTYPES)
+}
+
+/// `validate` with the element types of a path (`FLA_DTYPES` for fla's, the kernels' and
+/// the CPU `fla` mode; `F64_DTYPES` for the CPU `float64` mode): every other check and
+/// every message is the same.
+pub fn validate_dtypes(a: &CallArgs, check_device: bool, dtypes: &Dtypes) -> Result<CallDesc> {
     // ---- extents: what any real producer gives (guards the arithmetic below and in
     // the planner against a broken DLPack producer's shapes) ----
     for (name, t) in named_tensors(a) {
@@ -342,16 +375,16 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
     }
 
     // ---- dtypes ----
-    expect_dtype_in(&a.q, "q", FLOATS, FLOATS_WORDS)?;
+    expect_dtype_in(&a.q, "q", dtypes.data, dtypes.data_words)?;
     expect_dtype_like(&a.k, "k", a.q.dtype, "q")?;
     expect_dtype_like(&a.w, "w", a.q.dtype, "q")?;
-    expect_dtype_in(&a.do_, "do", FLOATS, FLOATS_WORDS)?;
+    expect_dtype_in(&a.do_, "do", dtypes.data, dtypes.data_words)?;
     expect_dtype_like(&a.dv, "dv", a.do_.dtype, "do")?;
     if let Some(g) = &a.g {
-        expect_dtype_in(g, "g", &[DType::F32], "float32")?;
+        expect_dtype_in(g, "g", dtypes.fp32, dtypes.fp32_words)?;
     }
     if let Some(gk) = &a.gk {
-        expect_dtype_in(gk, "gk", &[DType::F32], "float32")?;
+        expect_dtype_in(gk, "gk", dtypes.fp32, dtypes.fp32_words)?;
     }
     if let Some(h0) = &a.h0 {
         if !h0.dtype.is_float() {
@@ -359,7 +392,7 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
         }
     }
     if let Some(dht) = &a.dht {
-        expect_dtype_in(dht, "dht", &[DType::F32], "float32")?;
+        expect_dtype_in(dht, "dht", dtypes.fp32, dtypes.fp32_words)?;
     }
     let mut cu_dtype = None;
     let mut co_dtype = None;
@@ -458,6 +491,18 @@ pub fn validate(a: &CallArgs, check_device: bool) -> Result<CallDesc> {
         layouts,
         device,
     })
+}
+
+/// The CPU path's device check, the counterpart of `validate`'s CUDA check and, like it,
+/// run after every other check: every tensor argument in host memory (CPU memory, pinned
+/// CUDA host memory included), else a ValueError naming the first one that is not.
+pub fn check_host(a: &CallArgs) -> Result<()> {
+    for (name, t) in named_tensors(a) {
+        if !t.device.is_host() {
+            return Err(Error::device(name, format!("expected a CPU tensor, got a tensor on {}", t.device)));
+        }
+    }
+    Ok(())
 }
 
 /// The outputs `launch` writes, allocated by Python.

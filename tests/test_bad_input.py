@@ -879,11 +879,20 @@ def test_valid_input_passes_validate(make):
 
 
 @pytest.mark.parametrize("make", [m for _, m in VALID], ids=[i for i, _ in VALID])
-def test_valid_cpu_input_stops_at_the_device_check(make):
+def test_valid_cpu_input_runs_on_the_cpu_and_stops_at_the_kernels_device_check(make):
+    """Valid input in host memory runs on the CPU (the Rust core's CPU path; chunk_size
+    other than 64 is the one thing it refuses, by name); the kernel's planner stops at its
+    device check; the caller's tensors are never modified."""
     kw = make()
     snap = _snapshot(kw)
-    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
-        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)
+    if kw.get("chunk_size", 64) not in (64, None) and not isinstance(kw.get("chunk_size"), bool):
+        with pytest.raises(ValueError, match=r"^chunk_size: the CPU path takes 64"):
+            kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)
+    else:
+        dh, dh0, dv2 = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)
+        assert tuple(dv2.shape) == tuple(kw["dv"].shape)
+        assert (dh0 is None) == (kw.get("h0") is None)
+        assert np.isfinite(np.asarray(dv2.float() if isinstance(dv2, torch.Tensor) else dv2)).all()
     assert kda_dhu.plan_call(**kw) == (False, "ValueError: q: expected a CUDA tensor, got a tensor on cpu")
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
         _core.plan("capable", **kw)
@@ -901,21 +910,21 @@ def test_plan_rule_names_the_choices():
 
 
 def test_force_env_is_read_at_every_call(monkeypatch):
-    """KDA_DHU_FORCE's fast reader follows os.environ: set, changed, unset, and a
-    replaced os.environ."""
-    monkeypatch.setattr(_dispatch, "_warned_force", set())
-    assert _dispatch._force() is None
+    """KDA_DHU_FORCE is read (by the core's one reader of every switch) at each use: set,
+    changed, unset."""
+    monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
+    assert _core.force() is None
     monkeypatch.setenv(_dispatch.FORCE_ENV, " Kernel ")
-    assert _dispatch._force() == "kernel"
+    assert _core.force() == "kernel"
     os.environ[_dispatch.FORCE_ENV] = "fla"
-    assert _dispatch._force() == "fla"
+    assert _core.force() == "fla"
     for unset in ("", "0", "auto"):
         monkeypatch.setenv(_dispatch.FORCE_ENV, unset)
-        assert _dispatch._force() is None
+        assert _core.force() is None
     monkeypatch.delenv(_dispatch.FORCE_ENV)
-    assert _dispatch._force() is None
-    monkeypatch.setattr(os, "environ", {_dispatch.FORCE_ENV: "fla"})
-    assert _dispatch._force() == "fla"
+    assert _core.force() is None
+    names = [name for name, _, _ in _core.switches()]
+    assert _dispatch.FORCE_ENV in names and "KDA_DHU_CHECK_INPUTS" in names
 
 
 def test_descriptor_cache_starts_empty_with_its_bound():
@@ -929,15 +938,12 @@ def test_descriptor_cache_starts_empty_with_its_bound():
 
 def test_force_env_with_a_bad_value_is_named(monkeypatch):
     monkeypatch.setenv(_dispatch.FORCE_ENV, "bogus")
-    monkeypatch.setattr(_dispatch, "_warned_force", set())
-    # Warned once (through fla's backend the verifier's ValueError would be swallowed)...
-    with pytest.warns(RuntimeWarning, match=r"KDA_DHU_FORCE='bogus'"):
-        with pytest.raises(
-            ValueError, match=r"^KDA_DHU_FORCE: expected 'kernel', 'fla' or unset, got 'bogus'$"
-        ):
-            kda_dhu.chunk_gated_delta_rule_bwd_dhu(**call())
-    # ... and raised on every direct call; plan_call reports it.
-    assert kda_dhu.plan_call(**call())[1].startswith("ValueError: KDA_DHU_FORCE")
+    with pytest.raises(
+        ValueError, match=r"^KDA_DHU_FORCE: expected 'kernel', 'fla' or unset, got \"bogus\"$"
+    ):
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**call())
+    with pytest.raises(ValueError, match=r"^KDA_DHU_FORCE: "):
+        _core.force()
 
 
 def test_force_fla_still_validates(monkeypatch):
@@ -1122,7 +1128,7 @@ def test_broken_dlpack_producers(producer_results, name):
     assert re.search(pattern, got_msg), got_msg
 
 
-# ---- cu_seqlens' values (Python, GPU path only): _dispatch._varlen_chunks ----
+# ---- cu_seqlens' values: the one checker (src/varlen.rs), as the host check runs it ----
 
 
 @pytest.mark.parametrize(
@@ -1133,68 +1139,60 @@ def test_broken_dlpack_producers(producer_results, name):
         (
             [0, 120, 50, 200],
             200,
-            r"^cu_seqlens: expected non-decreasing offsets, got cu_seqlens\[1\] = 120 > cu_seqlens\[2\] = 50$",
+            r"^cu_seqlens: expected non-negative, non-decreasing offsets, got cu_seqlens\[1\] = 120 > cu_seqlens\[2\] = 50$",
         ),
         (
             [0, -5, 10],
             200,
-            r"^cu_seqlens: expected non-decreasing offsets, got cu_seqlens\[0\] = 0 > cu_seqlens\[1\] = -5$",
+            r"^cu_seqlens: expected non-negative, non-decreasing offsets, got cu_seqlens\[0\] = 0 > cu_seqlens\[1\] = -5$",
         ),
-        ([0, 50, 300], 200, r"^cu_seqlens: expected cu_seqlens\[-1\] <= T = 200, got 300$"),
-        ([0, 201], 200, r"^cu_seqlens: expected cu_seqlens\[-1\] <= T = 200, got 201$"),
+        ([0, 50, 300], 200, r"^cu_seqlens: expected cu_seqlens\[2\] <= T = 200, got 300$"),
+        ([0, 201], 200, r"^cu_seqlens: expected cu_seqlens\[1\] <= T = 200, got 201$"),
     ],
 )
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_varlen_chunks_rejects_bad_offsets(cu, T, match, dtype):
-    cu_t = torch.tensor(cu, dtype=dtype)
-    before = cu_t.clone()
+def test_check_tables_rejects_bad_offsets(cu, T, match):
     with pytest.raises(ValueError, match=match):
-        _dispatch._varlen_chunks(cu_t, T)
-    assert torch.equal(cu_t, before)
+        _core.check_tables(cu, T)
 
 
 @pytest.mark.parametrize(
-    "cu, T, nt, offsets",
+    "cu, T, offsets",
     [
-        ([0, 30, 70, 100], 100, 3, [0, 1, 2, 3]),
-        ([0, 50, 150], 200, 3, [0, 1, 3]),  # padded packed batch: cu[-1] < T
-        ([0, 64, 64, 130], 200, 3, [0, 1, 1, 3]),  # an empty sequence
-        ([0, 0], 200, 0, [0, 0]),  # every sequence empty: NT == 0 goes to fla
-        ([0, 65, 129], 129, 3, [0, 2, 3]),
+        ([0, 30, 70, 100], 100, [0, 1, 2, 3]),
+        ([0, 50, 150], 200, [0, 1, 3]),  # padded packed batch: cu[-1] < T
+        ([0, 64, 64, 130], 200, [0, 1, 1, 3]),  # an empty sequence
+        ([0, 0], 200, [0, 0]),  # every sequence empty: no chunks
+        ([0, 65, 129], 129, [0, 2, 3]),
     ],
 )
-def test_varlen_chunks_accepts_good_offsets(cu, T, nt, offsets):
-    got_nt, got_offsets = _dispatch._varlen_chunks(torch.tensor(cu), T)
-    assert got_nt == nt
-    assert got_offsets.dtype == torch.int64 and got_offsets.tolist() == offsets
+def test_check_tables_gives_the_chunk_offsets(cu, T, offsets):
+    assert _core.check_tables(cu, T) == offsets
+    assert _core.check_tables(cu, T, offsets, offsets[-1]) == offsets
 
 
-def test_chunk_table_longer_than_the_sequences_goes_to_fla(monkeypatch):
-    """fla's CUDA-graph mode pads chunk_indices past the real chunk count; fla sizes dh by
-    it, so such a call runs fla's function (no error, no kernel launch)."""
-    sentinel = object()
-    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
-    monkeypatch.setattr(_dispatch, "fla_function", lambda: lambda **kw: sentinel)
-
-    class NoLaunch:
-        @staticmethod
-        def launch(*a, **k):
-            raise AssertionError("the kernel must not launch")
-
-    monkeypatch.setattr(_dispatch, "_core", NoLaunch)
-    q = torch.zeros(1, 200, 1, 64, dtype=torch.bfloat16)
-    out = kda_dhu.chunk_gated_delta_rule_bwd_dhu(
-        q, q, q, q, q, cu_seqlens=torch.tensor([0, 100]), chunk_indices=torch.zeros(5, 2, dtype=torch.int64)
-    )
-    assert out is sentinel
+def test_check_inputs_raises_bad_values_at_once_on_the_host(monkeypatch):
+    """KDA_DHU_CHECK_INPUTS=1: a packed batch's values are read and checked on the host
+    before anything runs (on a CPU machine this stops at the device check otherwise)."""
+    kw = varlen_call()
+    kw["cu_seqlens"] = torch.tensor([0, 30, 10, 100], dtype=torch.int64)
+    c = _dispatch._Call(kw["q"], kw["k"], kw["w"], kw["do"], kw["dv"], kw.get("g"), kw.get("gk"), kw.get("h0"),
+                        kw.get("dht"), 0.1, False, kw["cu_seqlens"], 64, None, None, False)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected non-negative, non-decreasing offsets"):
+        _dispatch._host_check(c, None)
 
 
-def test_use_graph_with_cu_seqlens_is_planned_to_fla(monkeypatch):
-    monkeypatch.setattr(_dispatch, "_decide", lambda *a, **k: (True, "kernel-sm90a"))
-    q = torch.zeros(1, 200, 1, 64, dtype=torch.bfloat16)
-    ok, reason = kda_dhu.plan_call(q, q, q, q, q, cu_seqlens=torch.tensor([0, 100]), use_graph=True)
-    assert not ok and reason.startswith("use_graph with cu_seqlens")
-    assert kda_dhu.plan_call(q, q, q, q, q, use_graph=True) == (True, "kernel-sm90a")
+def test_nt_comes_from_chunk_indices_without_reading_values():
+    """A packed batch with chunk_indices: NT is its length, known on the host with no read
+    of cu_seqlens (whatever its values), and the output shapes follow from it."""
+    kw = varlen_call()
+    ci = torch.zeros(4, 2, dtype=torch.int32)  # at most ceil(100 / 64) + 3 - 1 = 4 rows
+    _core.validate(**kw, chunk_indices=ci)
+    with pytest.raises(ValueError, match=r"^chunk_indices: expected shape \[NT, 2\]"):
+        _core.validate(**kw, chunk_indices=torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"^chunk_indices: expected dtype int64 or int32"):
+        _core.validate(**kw, chunk_indices=torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"^chunk_indices: expected at most"):
+        _core.validate(**kw, chunk_indices=torch.zeros(10**6, 2, dtype=torch.int32))
 
 
 # ---------------------------------------------------- found by breaking the checks (session 3)
@@ -1233,23 +1231,21 @@ def test_complex_and_bool_scales_are_refused(scale, kind):
     [0.125, 1, np.float32(0.125), np.float64(0.125), np.int64(1), torch.tensor(0.125), torch.tensor([0.125])],
 )
 def test_real_scales_pass_validation(scale):
-    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
-        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "scale": scale})
+    dh, dh0, dv2 = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**call(), "scale": scale})  # on the CPU
+    assert torch.isfinite(dv2.float()).all()
 
 
-def test_int32_cu_seqlens_views_are_judged_before_any_widening():
-    """Only a plain 1-D contiguous int32 cu_seqlens is widened to int64 for the kernel; a
-    view is passed as it is and the validator names it (no 64 GB copy of an expanded
-    tensor, no silent acceptance of a negated view)."""
+def test_int32_cu_seqlens_views_are_judged_as_they_are():
+    """int32 cu_seqlens is read as int32 (never widened); a view is judged as it is and the
+    validator names it (no 64 GB copy of an expanded tensor, no silent acceptance of a
+    negated view)."""
     kw = varlen_call()
     huge = torch.zeros(1, dtype=torch.int32).expand(2**33)
-    assert _dispatch._index64(huge) is huge
+    with pytest.raises(ValueError, match=r"^h0: expected shape \[N=8589934591,"):  # judged, not copied
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**kw, "cu_seqlens": huge})
     neg = torch.tensor([0, 30, 70, 100], dtype=torch.int32)._neg_view()
-    assert _dispatch._index64(neg) is neg
     with pytest.raises((TypeError, ValueError), match=r"^cu_seqlens: "):
         kda_dhu.chunk_gated_delta_rule_bwd_dhu(**{**kw, "cu_seqlens": neg})
-    plain = torch.tensor([0, 30, 70, 100], dtype=torch.int32)
-    assert _dispatch._index64(plain).dtype == torch.int64
 
 
 def test_bool_chunk_size_is_refused_as_the_custom_op_refuses_it():
@@ -1285,32 +1281,28 @@ def test_run_hands_back_non_plain_tensors_before_reading_them():
         odd[i] = odd[i].as_subclass(Recording)
         assert _core.run("extended", *odd, a.get("scale")) is None, i
     assert calls == []
-    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
-        _core.run("extended", *pos, a.get("scale"))
+    # plain CPU tensors are read, and handed to the general path (the CPU path)
+    assert _core.run("extended", *pos, a.get("scale")) is None
 
 
-@pytest.mark.parametrize(
-    "value,fast",
-    [
-        (None, True),
-        ("", True),
-        ("0", True),
-        (" Auto ", True),
-        ("fla", False),
-        ("kernel", False),
-        ("bogus", False),
-    ],
-)
-def test_fast_path_only_when_force_reads_as_unset(monkeypatch, value, fast):
-    """KDA_DHU_FORCE values that _force reads as unset keep the one-crossing path; "fla",
-    "kernel" and invalid values (which _force refuses by name) take the general path."""
-    from kda_dhu import _dispatch
-
+@pytest.mark.parametrize("value,fast", [(None, True), ("", True), ("0", True), (" Auto ", True), ("fla", False),
+                                        ("kernel", False), ("bogus", False)])  # fmt: skip
+def test_one_crossing_only_when_force_reads_as_unset(monkeypatch, value, fast):
+    """KDA_DHU_FORCE values read as unset keep the one-crossing path (_core.run reads and
+    validates: a 3-D q is named); "fla", "kernel" and invalid values hand the call to the
+    general path (None) before anything is read."""
     if value is None:
         monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
     else:
         monkeypatch.setenv(_dispatch.FORCE_ENV, value)
-    assert _dispatch._fast_path() is fast
+    a = call()
+    pos = [a.get(n) for n in ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")]
+    pos[0] = pos[0][0]  # 3-D
+    if fast:
+        with pytest.raises(ValueError, match=r"^q: expected a 4-D tensor"):
+            _core.run("extended", *pos, a.get("scale"))
+    else:
+        assert _core.run("extended", *pos, a.get("scale")) is None
 
 
 def test_dlpack_intake_is_the_exchange_api_where_torch_has_one():

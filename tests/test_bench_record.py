@@ -1,10 +1,13 @@
-"""The benchmark's record tools on the committed H200 record (CPU): the README's table is
-generated from it, and the plot draws it."""
+"""The benchmark's record tools on the committed H200 records (CPU): README's speed tables
+are generated from them, and the plot draws them (or fails, saying why)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from kda_dhu import bench
@@ -27,11 +30,36 @@ def test_record_has_the_schema():
         assert set(row["rel_err"]) == {"dh", "dh0", "dv2"}
 
 
-def test_readme_table_is_generated_from_the_record():
-    table = bench.markdown_table(_record())
-    with open(os.path.join(os.path.dirname(RECORD), "..", "..", "README.md")) as f:
-        readme = f.read()
-    assert table.strip() in readme
+README = os.path.join(os.path.dirname(RECORD), "..", "..", "README.md")
+
+
+def test_readme_tables_are_the_records_tables():
+    """Every generated block of README.md is what the generator makes from the committed
+    record it names, and the main one names latest.json."""
+    with open(README) as f:
+        text = f.read()
+    assert "<!-- bench-table: benches/results/latest.json -->" in text
+    assert bench.markdown_table(_record()) in text
+    assert bench.update_readme(README, check=True) is False, (
+        "README's speed tables differ from their records: python -m kda_dhu.bench --readme README.md"
+    )
+
+
+def test_a_hand_edited_block_is_found_and_made_anew():
+    with open(README) as f:
+        text = f.read()
+    edited = text.replace("| 1.49x |", "| 1.50x |", 1)
+    assert edited != text
+    root = os.path.dirname(os.path.abspath(README))
+    assert bench.render_readme(edited, root) == text
+    with pytest.raises(ValueError, match="no '<!-- bench-table"):
+        bench.render_readme("no block here", root)
+
+
+def test_the_path_column_gives_the_planners_condition_without_a_quoted_figure():
+    assert bench._path_cell("kernel-sm90a") == "kernel-sm90a"
+    path = "fla (GVA (H=16 < HV=32) below one wave (64 CTAs < 132 SMs): measured 0.96x fla's speed (gva))"
+    assert bench._path_cell(path) == "fla: GVA (H=16 < HV=32) below one wave (64 CTAs < 132 SMs)"
 
 
 def test_floor_bytes_matches_the_anchor():
@@ -39,11 +67,50 @@ def test_floor_bytes_matches_the_anchor():
     assert bench.floor_bytes(16, 8192, 32, 32, 128, 128, 16 * 128 // 16, 16) == 8690597888
 
 
-def test_plot_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
+def _has_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def test_plot_draws_the_record_or_names_the_extra(tmp_path):
+    """With matplotlib (the ``bench`` extra; CI installs it) the plot is a PNG; without, it
+    raises ImportError naming the extra and writes nothing."""
     path = tmp_path / "r.png"
-    assert bench.plot(_record(), str(path))
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if _has_matplotlib():
+        bench.plot(_record(), str(path))
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        with pytest.raises(ImportError, match=r"kda-dhu\[bench\]"):
+            bench.plot(_record(), str(path))
+        assert not path.exists()
+
+
+def _plot_cli(tmp_path, hide_matplotlib: bool) -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        + ("sys.modules['matplotlib'] = None\n" if hide_matplotlib else "")
+        + "from kda_dhu.bench import main\n"
+        + f"sys.exit(main(['--table', {RECORD!r}, '--plot', {str(tmp_path / 'r.png')!r}]))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_plot_without_matplotlib_exits_1_and_says_why(tmp_path):
+    proc = _plot_cli(tmp_path, hide_matplotlib=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "no plot" in proc.stderr and "kda-dhu[bench]" in proc.stderr, proc.stderr
+    assert proc.stdout.startswith(_record()["gpu"])  # the table itself still printed
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_plot_cli_exit_code_follows_matplotlib(tmp_path):
+    proc = _plot_cli(tmp_path, hide_matplotlib=False)
+    if _has_matplotlib():
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    else:
+        assert proc.returncode == 1 and "kda-dhu[bench]" in proc.stderr, proc.stderr
 
 
 def test_reset_fla_autotune_clears_the_stage4_tuners():

@@ -222,15 +222,15 @@ def test_backend_switch_and_routing():
     assert os.environ.get(cp.BACKEND_ENV) == before
     import fla.ops.kda.chunk_bwd as bwd
 
-    orig = (bwd.chunk_gated_delta_rule_bwd_dhu, _dispatch._run_kernel, _dispatch.plan_call)
+    orig = (bwd.chunk_gated_delta_rule_bwd_dhu, _dispatch.verify)
     with cp.Routing() as probe:
         assert bwd.chunk_gated_delta_rule_bwd_dhu is not orig[0]
-        assert _dispatch._run_kernel is not orig[1] and _dispatch.plan_call is not orig[2]
+        assert _dispatch.verify is not orig[1]
         q = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)
-        verdict = _dispatch.plan_call(q, q, q, q, q)  # a CPU call: the planner says fla
+        verdict = _dispatch.plan_call(q, q, q, q, q)  # a CPU call: the verifier says no
         assert verdict[0] is False
         assert probe.snapshot()["verdicts"] and probe.snapshot()["kernel_launches"] == 0
-    assert (bwd.chunk_gated_delta_rule_bwd_dhu, _dispatch._run_kernel, _dispatch.plan_call) == orig
+    assert (bwd.chunk_gated_delta_rule_bwd_dhu, _dispatch.verify) == orig
 
 
 def _gloo_rank(rank, world_size, port, result_dir):

@@ -161,13 +161,17 @@ def test_op_accepts_numpy_scalars(rng):
         assert torch.allclose(x.float(), y.float(), rtol=1e-6, atol=0)
 
 
-def test_op_cpu_checks_cu_seqlens_values_and_ignores_callers_chunk_offsets(rng):
+def test_op_cpu_checks_cu_seqlens_values_and_the_callers_chunk_offsets(rng):
     a = make_inputs(1, None, 1, 1, 16, 32, torch.bfloat16, "gk", varlen_lengths=[30, 34], generator=rng)
     a.pop("chunk_size")
     good = ops.chunk_gated_delta_rule_bwd_dhu_op(**a)
     with pytest.raises(ValueError, match=r"^cu_seqlens: expected cu_seqlens\[0\] == 0, got 5$"):
         ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "cu_seqlens": torch.tensor([5, 30, 64])})
-    # both sequences on chunk 0: a wrong table is not trusted (the CUDA path ignores it too)
-    odd = ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "chunk_offsets": torch.tensor([0, 0, 1])})
-    for x, y in zip(odd, good):
-        assert torch.equal(x, y)
+    # both sequences on chunk 0: a wrong table of N + 1 offsets is an error naming it (the
+    # CUDA path checks it on the device), fla's own table is taken, a table of N is not used
+    with pytest.raises(ValueError, match=r"^chunk_offsets: expected the chunk offsets of cu_seqlens"):
+        ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "chunk_offsets": torch.tensor([0, 0, 1])})
+    for table in ([0, 1, 2], [0, 5]):
+        same = ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "chunk_offsets": torch.tensor(table)})
+        for x, y in zip(same, good):
+            assert torch.equal(x, y)

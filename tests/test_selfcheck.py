@@ -84,6 +84,30 @@ def test_compare_outputs_tolerances(dtype):
     assert not compare_outputs((a[0], None, a[2]), a)[0]
 
 
+class _FakeCall:
+    nt = 1
+
+
+class _FakeCore:
+    @staticmethod
+    def run(*a, **k):
+        return None  # the one-crossing path hands the call to the general path
+
+    @staticmethod
+    def force():
+        return None
+
+
+def _inject_plan(monkeypatch, reason, run_kernel, run_fla):
+    """The general path with an injected plan (``reason``), kernel and fla."""
+    monkeypatch.setattr(_dispatch, "_core", _FakeCore)
+    monkeypatch.setattr(_dispatch, "_require_core", lambda: _FakeCore)
+    monkeypatch.setattr(_dispatch, "_on_cpu", lambda q: False)
+    monkeypatch.setattr(_dispatch, "_decide", lambda rule, c: (True, reason, _FakeCall, c))
+    monkeypatch.setattr(_dispatch, "_launch", lambda *a, **k: run_kernel())
+    monkeypatch.setattr(_dispatch._Call, "fla", lambda self: run_fla())
+
+
 def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
     """Injected: a plan saying kernel-sm100a and a wrong kernel; fla's result comes back."""
     monkeypatch.delenv("KDA_DHU_SM100_TRUSTED", raising=False)
@@ -91,10 +115,7 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
     good, bad = _outs(4), _outs(4, bad=True)
     # the one-crossing path (_core.run) hands sm_100a plans back to this one (cargo test
     # plan_runs_in_one_crossing_only_on_sm90): injected here, so it is taken out
-    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)
-    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm100a", None))
-    monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: bad)
-    monkeypatch.setattr(_dispatch, "fla_function", lambda: lambda **kw: good)
+    _inject_plan(monkeypatch, "kernel-sm100a", lambda: bad, lambda: good)
     q = torch.zeros(1, 64, 1, 8, dtype=torch.bfloat16)
     with pytest.warns(RuntimeWarning, match="sm_100a kernel disagreed"):
         out = _dispatch.chunk_gated_delta_rule_bwd_dhu(q, q, q, q, q)
@@ -106,7 +127,7 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
     def no_kernel(*a, **k):
         raise AssertionError("the kernel must stay off after the mismatch")
 
-    monkeypatch.setattr(_dispatch, "_run_kernel", no_kernel)
+    monkeypatch.setattr(_dispatch, "_launch", lambda *a, **k: no_kernel())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = _dispatch.kda_dhu_b2a(q, q, q, None, None, None, q, q, 1.0, 64)
@@ -116,14 +137,11 @@ def test_dispatcher_routes_sm100_plans_through_the_check(monkeypatch):
 def test_sm90_plans_are_not_checked(monkeypatch):
     monkeypatch.setattr(_dispatch, "SM100_CHECK", SelfCheck("sm_100a"))
     ours = _outs(5)
-    monkeypatch.setattr(_dispatch, "_fast_path", lambda: False)  # the general path's guard
-    monkeypatch.setattr(_dispatch, "_prepare", lambda *a, **k: (True, "kernel-sm90a", None))
-    monkeypatch.setattr(_dispatch, "_run_kernel", lambda *a, **k: ours)
 
     def no_fla():
         raise AssertionError("fla must not run for a verified kernel")
 
-    monkeypatch.setattr(_dispatch, "fla_function", no_fla)
+    _inject_plan(monkeypatch, "kernel-sm90a", lambda: ours, no_fla)
     q = torch.zeros(1, 64, 1, 8, dtype=torch.bfloat16)
     assert _dispatch.chunk_gated_delta_rule_bwd_dhu(q, q, q, q, q) is ours
 

@@ -1,37 +1,69 @@
-"""kda-dhu: fla's stage 4 (``chunk_gated_delta_rule_bwd_dhu``) as a Hopper TMA + wgmma kernel.
+"""kda-dhu: fla's stage 4 (``chunk_gated_delta_rule_bwd_dhu``) as a CUDA kernel for Hopper
+(sm_90a: TMA + wgmma) and Blackwell (sm_100a: tcgen05 + TMEM, behind a self-check).
 
 Public API:
     chunk_gated_delta_rule_bwd_dhu(...)  fla's full signature; kernel where it covers the call
-    kda_dhu_b2a(...)                     the seed's dispatcher, its exact rule
+    kda_dhu_b2a(...)                     positional KDA form (qg, kg, w, g2, ...), narrow rule
     chunk_gated_delta_rule_bwd_dhu_op()  the same through a torch custom op (torch.compile)
     plan_call(...), plan_b2a(...)        the planner's verdict (kernel or fallback, and why)
     patch(), unpatch(), patched()        reversible monkeypatch of fla's modules
     register_backend()                   kda-dhu as a backend in fla's registry (fla >= 0.6)
     reference                            float64 implementation of the recurrence (SPEC.md)
+    testing                              random inputs and checks for tests
     cuda_status()                        (driver usable?, message)
+    check_errors()                       raise a bad packed batch found on the device
 
-Environment:
-    KDA_DHU_FORCE=kernel|fla   force a path, for debugging
-    FLA_KDA_DHU=0              switch the fla backend off, as fla's own backends are
-    KDA_DHU_NO_AUTOREGISTER=1  do not register with fla on import
+``import kda_dhu`` imports neither torch nor fla: the names above that need torch load
+their module on first access (once; afterwards they are plain module attributes), and
+the fla backend is registered when fla's stage-4 module is imported, before fla's first
+stage-4 call, whichever of the two packages is imported first (``_autoregister``).
+``torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu`` exists once the custom op's module
+is imported: through ``chunk_gated_delta_rule_bwd_dhu_op`` or ``import kda_dhu.ops``.
+
+Environment switches: one table, in the core that reads them (src/env.rs), listed with
+their current values by ``kda_dhu._core.switches()`` and ``python -m kda_dhu --doctor``.
 """
 
 from __future__ import annotations
 
-import os as _os
+import importlib as _importlib
 
-from ._dispatch import (
-    chunk_gated_delta_rule_bwd_dhu,
-    fla_function,
-    kda_dhu_b2a,
-    plan_b2a,
-    plan_call,
-)
-from .fla_backend import register_backend, unregister_backend
-from .ops import chunk_gated_delta_rule_bwd_dhu_op
+from . import _autoregister
 from .patch import is_patched, patch, patched, unpatch
 
 __version__ = "0.1.0"
+
+# Public names that need torch, and the module of each: loaded on first access.
+_LAZY = {
+    "chunk_gated_delta_rule_bwd_dhu": "_dispatch",
+    "fla_function": "_dispatch",
+    "kda_dhu_b2a": "_dispatch",
+    "plan_b2a": "_dispatch",
+    "plan_call": "_dispatch",
+    "check_errors": "_dispatch",
+    "register_backend": "fla_backend",
+    "unregister_backend": "fla_backend",
+    "chunk_gated_delta_rule_bwd_dhu_op": "ops",
+}
+# Submodules reachable as attributes without an import of their own.
+_SUBMODULES = ("reference", "testing", "bench", "ops", "fla_backend", "doctor", "_dispatch")
+
+
+def __getattr__(name: str):
+    """The lazy names and submodules above: imported once, then kept in the module's
+    namespace (later lookups never come here)."""
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif name in _SUBMODULES:
+        value = _importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
 def cuda_status():
@@ -43,14 +75,7 @@ def cuda_status():
     return _dispatch._core.cuda_status()
 
 
-if _os.environ.get("KDA_DHU_NO_AUTOREGISTER", "0") == "0":
-    try:
-        import importlib.util as _ilu
-
-        if _ilu.find_spec("fla") is not None:
-            register_backend()
-    except Exception:  # noqa: BLE001 - registration is a convenience; never break the import
-        pass
+_autoregister.install()
 
 __all__ = [
     "chunk_gated_delta_rule_bwd_dhu",
@@ -66,4 +91,7 @@ __all__ = [
     "register_backend",
     "unregister_backend",
     "cuda_status",
+    "check_errors",
+    "reference",
+    "testing",
 ]

@@ -7,6 +7,9 @@ each against the float64 reference (computed on the GPU) and of one against the 
 
 Without one: says so, and checks the float64 reference on the CPU against an
 independent per-token loop on small random problems of every variant.
+
+--doctor: what this machine gives kda-dhu (versions, driver, GPUs, fla's registry,
+the routes of the README's shapes), section by section.
 """
 
 from __future__ import annotations
@@ -46,18 +49,28 @@ def _cpu_check() -> int:
 
 
 def main(argv=None) -> int:
+    from .bench import SHAPES  # the shape table only: no torch yet
+
     ap = argparse.ArgumentParser(
         prog="python -m kda_dhu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    from .bench import SHAPES
-
     ap.add_argument(
         "--shape",
         default="prod8192",
         choices=[r[0] for r in SHAPES],
-        help="the shape to run on a GPU (default prod8192)",
+        metavar="SHAPE",
+        help="the shape to run on a GPU (default prod8192), one of: " + ", ".join(r[0] for r in SHAPES),
+    )
+    ap.add_argument(
+        "--doctor",
+        action="store_true",
+        help="print versions, driver, GPUs, fla's backend registry and the README shapes' routes, and exit",
     )
     args = ap.parse_args(argv)
+    if args.doctor:
+        from . import doctor
+
+        return doctor.main()
 
     import torch
 
@@ -65,16 +78,16 @@ def main(argv=None) -> int:
 
     usable, msg = kda_dhu.cuda_status()
     if not torch.cuda.is_available() or not usable:
-        print(f"kda_dhu: no CUDA GPU here ({msg}); the kernel needs an sm_90 (Hopper) GPU.")
+        print(
+            f"kda_dhu: no CUDA GPU here ({msg}); the kernel needs an sm_90 (Hopper) or sm_100 "
+            "(Blackwell) GPU."
+        )
         print("Running the CPU check of the float64 reference instead:")
         return _cpu_check()
 
     from . import bench
 
-    rows = [r for r in bench.SHAPES if r[0] == args.shape]
-    if not rows:
-        print(f"unknown shape {args.shape!r}; one of: {', '.join(r[0] for r in bench.SHAPES)}")
-        return 2
+    rows = [r for r in SHAPES if r[0] == args.shape]
     bw = bench.copy_bandwidth()
     import fla
 

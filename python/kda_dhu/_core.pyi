@@ -210,3 +210,35 @@ def build_info() -> str:
 
 def embedded_kernels() -> list[tuple[str, str]]:
     """The embedded cubins as (cuda/ file stem, SASS arch), e.g. ("dhu_sm90", "sm_90a")."""
+
+def cpu_bwd_dhu(
+    mode: str,
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: Tensor | None = None,
+    chunk_offsets: Tensor | None = None,
+    *,
+    poison: bool = False,
+) -> tuple[Any, Any | None, Any]:
+    """Stage 4 on the CPU (src/cpu.rs), multi-threaded over (sequence, value head).
+
+    ``mode``: "fla" (fp32 arithmetic with fla's rounding points; dh in q's dtype, dh0
+    float32, dv2 in dv's dtype) or "float64" (the exact recurrence; every output
+    float64, and float64 inputs taken). Arguments as ``validate`` takes them (with
+    cu_seqlens, chunk_indices' length is dh's NT; a chunk_offsets table of N entries is
+    not used); chunk_size must be 64. Every tensor in CPU memory. Outputs are torch tensors when q is a
+    torch.Tensor, numpy arrays otherwise. ``poison``: fill the outputs with NaN before the
+    run (tests). Raises as ``validate`` (the mode's dtypes), then ValueError for a tensor
+    not in CPU memory, chunk_size != 64, an unknown mode, and cu_seqlens / chunk_offsets /
+    chunk_indices values that do not describe the packed batch. Releases the GIL."""

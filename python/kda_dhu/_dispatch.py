@@ -1,23 +1,27 @@
-"""Entry points: fla's full signature, the seed's dispatcher, and the planner's verdict.
+"""Entry points: fla's full signature, the original dispatcher, and the planner's verdict.
 
-Every entry point asks the Rust planner (``kda_dhu._core.prepare``) whether the kernel
-covers the call. It says kernel or fallback, and why; a call it cannot accept at all
-(bad dtype, shape, device, scale, ...) raises there, naming the argument. Outputs are
-allocated here with torch (the caching allocator, on the inputs' device) and the
-kernel is launched on torch's current stream of that device, through the prepared
-call: the inputs are read and validated once per call (issue #7, host overhead).
+Every call is decided once, in Rust (``kda_dhu._core``): the inputs read through DLPack
+and validated, the plan (kernel or fla's function, and why), the inputs to copy, the
+output shapes. The common call (plain torch tensors, packed inputs, chunk_indices given
+with cu_seqlens) runs in one crossing (``_core.run``: decide, allocate with torch,
+launch on torch's current stream). Everything else takes the general path here: layout
+copies, a packed batch's chunk count, KDA_DHU_FORCE, the host check of
+KDA_DHU_CHECK_INPUTS, fla's CUDA-graph buffers, the sm_100a self-check, fla's function.
+
+No path synchronizes the host with the GPU, but for the chunk count of a packed batch
+given without chunk_indices (one read per distinct cu_seqlens tensor, through fla's
+cache, as fla's own function does) and KDA_DHU_CHECK_INPUTS=1. A packed batch's values
+are checked on the device; a bad one is raised by the next call (or ``check_errors``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import os
 import threading
-import warnings
 
 import torch
 
+from ._fla import chunk_count, fla_function
 from ._selfcheck import SelfCheck, signature_of
 
 try:
@@ -26,80 +30,22 @@ except ImportError as _err:  # a source checkout without the compiled extension
     _core = None
     _core_error = _err
 
-BT = 64
+__all__ = [
+    "chunk_gated_delta_rule_bwd_dhu",
+    "kda_dhu_b2a",
+    "plan_call",
+    "plan_b2a",
+    "fla_function",
+    "check_errors",
+]
 
-# Debugging switch: KDA_DHU_FORCE=kernel runs the kernel wherever it is able to (the
-# planner's "capable" rule: past the policy clauses, such as the seed's 256-CTA floor
-# or the measured K = 64 loss) and raises where it is not; KDA_DHU_FORCE=fla always
-# calls fla's own function. Read at every call.
 FORCE_ENV = "KDA_DHU_FORCE"
 
 
-def _env_reader(name: str):
-    """A function returning os.environ.get(name), at a tenth of its cost.
-
-    ``os.environ.get`` encodes the key and decodes the value on every call (~0.6 us);
-    this looks the pre-encoded key up in the mapping's own dict, which every change
-    through ``os.environ`` (``monkeypatch.setenv`` included) updates. Falls back to
-    ``os.environ.get`` where that dict is not there, or when ``os.environ`` itself was
-    replaced.
-    """
-    env = os.environ
-    data = getattr(env, "_data", None)
-    try:
-        key = env.encodekey(name)
-        decode = env.decodevalue
-    except AttributeError:
-        data = None
-    if not isinstance(data, dict):
-        return lambda: os.environ.get(name)
-
-    def read():
-        if os.environ is not env:
-            return os.environ.get(name)
-        raw = data.get(key)
-        return None if raw is None else decode(raw)
-
-    return read
-
-
-_read_force = _env_reader(FORCE_ENV)
-# KDA_DHU_FORCE values that mean "unset" (as no variable at all)
-_FORCE_UNSET = ("", "0", "auto")
-
-# torch's current raw stream of a device, as an int: what
-# ``torch.cuda.current_stream(device).cuda_stream`` returns, without building a Stream
-# object (~1 us less; torch's own compiled kernels launch through it).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-_fla_lock = threading.Lock()
-_fla_fn = None
-
-
-def fla_function():
-    """fla's own ``chunk_gated_delta_rule_bwd_dhu``, undecorated.
-
-    The function under fla's backend-dispatch wrapper, so that a fallback never routes
-    back into kda-dhu's fla backend or patch. Raises ImportError if fla is not installed.
-    """
-    global _fla_fn
-    if _fla_fn is None:
-        with _fla_lock:
-            if _fla_fn is None:
-                try:
-                    import fla.ops.common.chunk_delta_h as mod
-                except ImportError as err:  # pragma: no cover - depends on the environment
-                    raise ImportError(
-                        "kda_dhu falls back to flash-linear-attention for calls its kernel does "
-                        "not cover, and fla is not importable: pip install fla-core"
-                    ) from err
-                fn = mod.chunk_gated_delta_rule_bwd_dhu
-                if getattr(fn, "_kda_dhu_entry", False):
-                    from .patch import original_function
-
-                    fn = original_function()
-                _fla_fn = inspect.unwrap(fn)
-    return _fla_fn
+def _require_core():
+    if _core is None:
+        raise ImportError(f"kda_dhu's compiled extension (kda_dhu._core) is not built: {_core_error}")
+    return _core
 
 
 _NO_CTX = contextlib.nullcontext()  # stateless: one for every call
@@ -107,6 +53,10 @@ _NO_CTX = contextlib.nullcontext()  # stateless: one for every call
 # torch's current CUDA device, without torch.cuda.current_device()'s lazy-init check
 # (a CUDA tensor exists, so CUDA is initialized).
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+# torch's current raw stream of a device, as an int (torch's own compiled kernels launch
+# through it; no Stream object built).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _device_ctx(q):
@@ -116,40 +66,13 @@ def _device_ctx(q):
     return _NO_CTX
 
 
-_warned_force = set()
+def _current_stream(q) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(q.get_device())
+    return torch.cuda.current_stream(q.device).cuda_stream
 
 
-def _force() -> str | None:
-    raw = _read_force()
-    if raw is None:
-        return None
-    value = raw.strip().lower()
-    if value in _FORCE_UNSET:
-        return None
-    if value not in ("kernel", "fla"):
-        # Raised on a direct call; through fla's backend the verifier would swallow it,
-        # so it is also warned about, once per value.
-        if value not in _warned_force:
-            _warned_force.add(value)
-            warnings.warn(
-                f"{FORCE_ENV}={value!r}: expected 'kernel', 'fla' or unset", RuntimeWarning, stacklevel=3
-            )
-        raise ValueError(f"{FORCE_ENV}: expected 'kernel', 'fla' or unset, got {value!r}")
-    return value
-
-
-def _fast_path() -> bool:
-    """Whether a call without cu_seqlens may take ``_core.run``: the kernel path in one
-    crossing into Rust (read, validate, plan, allocate, launch; issue #7). Not under
-    KDA_DHU_FORCE (whose rules the general path applies); ``_core.run`` itself hands
-    back to the general path whatever is not the verified sm_90a kernel."""
-    if _core is None:
-        return False
-    raw = _read_force()
-    return raw is None or raw.strip().lower() in _FORCE_UNSET
-
-
-def _default_scale(q, scale: float | None) -> float | None:
+def _default_scale(q, scale):
     """K ** -0.5 when scale is None; left None for a q the validator will reject by name."""
     if scale is None:
         try:
@@ -159,271 +82,240 @@ def _default_scale(q, scale: float | None) -> float | None:
     return scale
 
 
-def _prepare(
-    rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
-) -> tuple[bool, str, object]:
-    """(use_kernel, reason, prepared call or None). Raises on input that is invalid for
-    fla and kernel alike.
+# The call's arguments in fla's order; ``_Call`` carries them through the general path.
+_TENSORS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets")
 
-    The prepared call (``_core.PreparedCall``) holds the validated inputs: launching it
-    (``_run_kernel``) reads only the outputs. None under KDA_DHU_FORCE=fla.
-    """
-    if _core is None:
-        raise ImportError(f"kda_dhu's compiled extension (kda_dhu._core) is not built: {_core_error}")
-    force = _force()
-    if force == "fla":
-        _core.validate(
-            q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
+
+class _Call:
+    """One call's arguments (fla's signature), as the general path passes them around."""
+
+    __slots__ = (*_TENSORS, "scale", "state_v_first", "chunk_size", "use_graph")
+
+    def __init__(self, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size,
+                 chunk_indices, chunk_offsets, use_graph):  # fmt: skip
+        self.q, self.k, self.w, self.do, self.dv = q, k, w, do, dv
+        self.g, self.gk, self.h0, self.dht = g, gk, h0, dht
+        self.scale, self.state_v_first, self.cu_seqlens, self.chunk_size = (
+            scale,
+            state_v_first,
+            cu_seqlens,
+            chunk_size,
         )
-        return False, f"{FORCE_ENV}=fla", None
-    ok, reason, call = _core.prepare(
-        rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
-    )
-    if force == "kernel" and not ok:
-        ok, reason = call.replan("capable")
-        if not ok:
-            raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
-    return ok, reason, call
+        self.chunk_indices, self.chunk_offsets, self.use_graph = chunk_indices, chunk_offsets, use_graph
+
+    def prepare(self, rule: str, nt=None):
+        """``_core.prepare`` of these arguments: (ok, reason, PreparedCall)."""
+        return _require_core().prepare(
+            rule, self.q, self.k, self.w, self.do, self.dv, self.g, self.gk, self.h0, self.dht, self.scale,
+            self.state_v_first, self.cu_seqlens, self.chunk_size, self.chunk_indices, self.chunk_offsets, nt,
+        )  # fmt: skip
+
+    def fla(self):
+        """fla's own function on these arguments."""
+        return fla_function()(
+            q=self.q, k=self.k, w=self.w, do=self.do, dv=self.dv, g=self.g, gk=self.gk, h0=self.h0, dht=self.dht,
+            scale=self.scale, state_v_first=self.state_v_first, cu_seqlens=self.cu_seqlens,
+            chunk_size=self.chunk_size, chunk_indices=self.chunk_indices, chunk_offsets=self.chunk_offsets,
+            use_graph=self.use_graph,
+        )  # fmt: skip
+
+    def packed(self, names) -> _Call:
+        """A copy of the call whose named inputs are packed (contiguous, 16-byte aligned):
+        fla's function reads every tensor as if contiguous, the kernel also needs the
+        alignment. h0 is never read (its shape and dtype are): a fresh tensor, no copy.
+        The caller's tensors are left as they are."""
+        c = _Call.__new__(_Call)
+        for slot in _Call.__slots__:
+            setattr(c, slot, getattr(self, slot))
+        for name in names:
+            x = getattr(self, name)
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(
+                    f"{name}: expected a packed (contiguous, 16-byte aligned) tensor or a torch.Tensor that "
+                    f"kda_dhu can copy, got a {type(x).__module__}.{type(x).__name__} with another layout"
+                )
+            if name == "h0":
+                packed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            elif x.is_contiguous():  # misaligned: contiguous() would return it as it is
+                packed = x.clone(memory_format=torch.contiguous_format)
+            else:
+                packed = x.contiguous()
+            setattr(c, name, packed)
+        return c
 
 
-def _decide(
-    rule: str, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
-) -> tuple[bool, str]:
-    """(use_kernel, reason). Raises on input that is invalid for fla and kernel alike."""
-    ok, reason, _ = _prepare(
-        rule, q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_offsets
-    )
-    return ok, reason
+def _empty_outputs(c: _Call, call):
+    """A packed batch with no chunks at all (every sequence empty): nothing for a kernel
+    to walk. dh has no rows, dh0 = dht (zeros without dht), dv2's rows are all padding
+    (zeros, as the kernel writes padding)."""
+    dh_shape, dh0_shape, _ = call.out_shapes()
+    dh = c.q.new_empty(dh_shape)
+    dh0 = None
+    if dh0_shape is not None:
+        dh0 = c.dht.float().clone() if c.dht is not None else c.q.new_zeros(dh0_shape, dtype=torch.float32)
+    return dh, dh0, torch.zeros_like(c.dv, memory_format=torch.contiguous_format)
 
 
-def _index64(t):
-    """An int32 index tensor (cu_seqlens, chunk_offsets) as int64 for the kernel, which reads
-    int64: fla takes either (its context-parallel path builds int32 cu_seqlens). Only a
-    plain 1-D contiguous tensor is widened; anything else (a view the validator refuses,
-    an expanded giant) is returned as it is, for the validator to judge by name."""
-    if (
-        isinstance(t, torch.Tensor)
-        and t.dtype == torch.int32
-        and t.dim() == 1
-        and t.is_contiguous()
-        and not t.is_neg()
-    ):
-        return t.to(torch.int64)
-    return t
-
-
-def _varlen_chunks(cu_seqlens: torch.Tensor, T: int):
-    """Checks cu_seqlens' values and returns (NT total, chunk_offsets as int64 [N+1]).
-
-    Reads cu_seqlens on the host (one synchronization, as fla's own varlen path does
-    when it prepares its chunk indices).
-    """
-    lens_host = cu_seqlens.tolist()
-    if lens_host[0] != 0:
-        raise ValueError(f"cu_seqlens: expected cu_seqlens[0] == 0, got {lens_host[0]}")
-    for i in range(len(lens_host) - 1):
-        if lens_host[i + 1] < lens_host[i]:
-            raise ValueError(
-                f"cu_seqlens: expected non-decreasing offsets, got cu_seqlens[{i}] = "
-                f"{lens_host[i]} > cu_seqlens[{i + 1}] = {lens_host[i + 1]}"
-            )
-    if lens_host[-1] > T:
-        raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] <= T = {T}, got {lens_host[-1]}")
-    chunks = [(lens_host[i + 1] - lens_host[i] + BT - 1) // BT for i in range(len(lens_host) - 1)]
-    NT = sum(chunks)
-    # Always the offsets of these cu_seqlens: a caller's chunk_offsets (fla's
-    # prepare_chunk_offsets, the same numbers) are not trusted to steer the kernel's stores.
-    offs = [0]
-    for c in chunks:
-        offs.append(offs[-1] + c)
-    chunk_offsets = torch.tensor(offs, dtype=torch.int64).to(cu_seqlens.device, non_blocking=True)
-    return NT, chunk_offsets
-
-
-def _empty(q, shape, dtype):
-    """torch.empty(shape, dtype=dtype, device=q.device): a plain tensor.
-
-    ``q.new_empty`` where q is a plain tensor (~0.3 us less: no device object); a
-    subclass's new_empty could return the subclass.
-    """
-    if type(q) is torch.Tensor:
-        return q.new_empty(shape, dtype=dtype)
-    return torch.empty(shape, dtype=dtype, device=q.device)
-
-
-def _alloc(shape, dtype, device, use_graph: bool, name: str):
-    if use_graph:
+def _alloc(c: _Call, call, poison: bool):
+    """dh, dh0 (or None), dv2 as the prepared call sizes them: torch's caching allocator, or
+    fla's static buffers under use_graph (the names fla's own function uses)."""
+    dh_shape, dh0_shape, dv2_shape = call.out_shapes()
+    if c.use_graph:
         from fla.ops.utils.graph import get_static_buffer
 
-        return get_static_buffer(name, tuple(shape), dtype, device)
-    return torch.empty(shape, dtype=dtype, device=device)
+        dev = c.q.device
+        dh = get_static_buffer("dhu_dh_vf" if c.state_v_first else "dhu_dh", tuple(dh_shape), c.q.dtype, dev)
+        dh0 = get_static_buffer("dhu_dh0", tuple(dh0_shape), torch.float32, dev) if dh0_shape else None
+        dv2 = get_static_buffer("dhu_dv2", tuple(dv2_shape), c.dv.dtype, dev)
+    else:
+        dh = (
+            c.q.new_empty(dh_shape)
+            if type(c.q) is torch.Tensor
+            else torch.empty(dh_shape, dtype=c.q.dtype, device=c.q.device)
+        )
+        dh0 = torch.empty(dh0_shape, dtype=torch.float32, device=c.q.device) if dh0_shape else None
+        dv2 = torch.empty(dv2_shape, dtype=c.dv.dtype, device=c.q.device)
+    if poison:  # tests: an element the kernel does not write stays NaN
+        for out in (dh, dh0, dv2):
+            if out is not None:
+                out.fill_(float("nan"))
+    return dh, dh0, dv2
+
+
+def _launch(c: _Call, call, poison: bool = False):
+    """Allocates the outputs and launches the prepared call on torch's current stream."""
+    dh, dh0, dv2 = _alloc(c, call, poison)
+    call.launch(dh, dh0, dv2, _current_stream(c.q))
+    return dh, dh0, dv2
+
+
+def _host_check(c: _Call, nt) -> None:
+    """KDA_DHU_CHECK_INPUTS=1: a packed batch's tables checked on the host, now (reads
+    them: one synchronization), by the same checker the device runs."""
+    if c.cu_seqlens is None:
+        return
+    n1 = c.cu_seqlens.shape[0]
+    offsets = (
+        c.chunk_offsets.tolist() if c.chunk_offsets is not None and c.chunk_offsets.shape[0] == n1 else None
+    )
+    _core.check_tables(c.cu_seqlens.tolist(), c.q.shape[1], offsets, nt)
 
 
 # The sm_100a kernel has never run on real hardware: guard it (see _selfcheck).
 SM100_CHECK = SelfCheck("sm_100a")
 
 
-def _guarded(reason: str, signature, run_kernel, run_fla):
-    """Run the planned kernel; on an architecture whose kernel is unverified, self-check it.
+def _decide(rule: str, c: _Call):
+    """(ok, reason, PreparedCall, call): the plan of the call as it will run, after the
+    copies its layout needs (``call`` is then the packed copy) and, for a packed batch
+    given without chunk_indices, with its chunk count. Raises on input that neither the
+    kernel nor fla takes, naming the argument."""
+    core = _require_core()
+    force = core.force()  # ValueError for a value that is not kernel / fla / unset
+    ok, reason, call = c.prepare(rule)
+    nt = None
+    if call.nt is None:  # a packed batch without chunk_indices: count its chunks (validated)
+        if call.copies:
+            c = c.packed(call.copies)
+        nt = chunk_count(c.cu_seqlens, c.q.shape[1])
+        ok, reason, call = c.prepare(rule, nt)
+    if call.copies:
+        c = c.packed(call.copies)
+        ok, reason, call = c.prepare(rule, nt)
+    if _check_inputs():
+        _host_check(c, call.nt)
+    if force == "fla":
+        return False, f"{FORCE_ENV}=fla", call, c
+    if force == "kernel" and not ok:
+        ok, reason = call.replan("capable")
+        if not ok:
+            raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
+    return ok, reason, call, c
 
-    ``signature()`` gives the call's shape signature (computed only for that check).
+
+def _check_inputs() -> bool:
+    return _core.switch("KDA_DHU_CHECK_INPUTS") is not None
+
+
+def _on_cpu(q) -> bool:
+    """q in host memory (a CPU torch tensor, a numpy array): the Rust core's CPU path."""
+    return not (isinstance(q, torch.Tensor) and q.is_cuda) and hasattr(q, "__dlpack__")
+
+
+def _cpu(c: _Call):
+    """The call on the CPU, in fla's precision (``kda_dhu._cpu``): the same validation and
+    messages; an input on another device raises, naming it."""
+    from ._cpu import chunk_gated_delta_rule_bwd_dhu_cpu
+
+    return chunk_gated_delta_rule_bwd_dhu_cpu(
+        c.q, c.k, c.w, c.do, c.dv, c.g, c.gk, c.h0, c.dht, c.scale, c.state_v_first, c.cu_seqlens, c.chunk_size,
+        c.chunk_indices, c.chunk_offsets, c.use_graph, mode="fla",
+    )  # fmt: skip
+
+
+def _general(rule: str, c: _Call, signature_entry: str):
+    """The general path: decide, then the kernel (guarded on sm_100a) or fla's function;
+    inputs in host memory run on the CPU."""
+    _require_core().force()  # a KDA_DHU_FORCE value that is not kernel / fla / unset is named on every route
+    if _on_cpu(c.q):
+        return _cpu(c)
+    with _device_ctx(c.q):
+        ok, reason, call, c = _decide(rule, c)
+        if not ok:
+            return c.fla()
+        if call.nt == 0:
+            return _empty_outputs(c, call)
+        if call.nt is None:  # capturing a graph with no chunk_indices: fla decides (and raises)
+            return c.fla()
+        if reason == "kernel-sm100a":
+            sig = signature_of(
+                c.q, c.k, c.w, c.do, c.dv, c.gk, c.h0, c.dht, c.cu_seqlens, entry=signature_entry
+            )
+            return SM100_CHECK.run(sig, lambda: _launch(c, call), c.fla)
+        return _launch(c, call)
+
+
+def verify(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
+           chunk_size=64, chunk_indices=None, chunk_offsets=None, use_graph=False):  # fmt: skip
+    """The fla backend's decision on a call: (accepted, reason, PreparedCall or None).
+
+    Accepted where the kernel runs the call, and where an input must be copied first
+    (fla's function would read it as if contiguous: the backend's implementation copies
+    and then runs the kernel or fla's function). Never raises: invalid input is a
+    rejection whose reason names the argument, and fla then raises its own error.
     """
-    if reason == "kernel-sm100a":
-        return SM100_CHECK.run(signature(), run_kernel, run_fla)
-    return run_kernel()
-
-
-def _current_stream(q) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(q.get_device())
-    return torch.cuda.current_stream(q.device).cuda_stream
-
-
-def _run_kernel(
-    q,
-    k,
-    w,
-    do,
-    dv,
-    g,
-    gk,
-    h0,
-    dht,
-    scale,
-    cu_seqlens,
-    chunk_indices,
-    chunk_offsets,
-    use_graph,
-    poison=False,
-    call=None,
-    state_v_first=False,
-):
-    """Allocates the outputs and launches the kernel; None where fla's function must run.
-
-    ``call``: the ``_core.PreparedCall`` of these arguments (from ``_prepare``), which
-    launches without reading the inputs again; None launches through ``_core.launch``
-    (reads and validates everything). ``state_v_first``: dh is [B, NT, HV, V, K].
-    """
-    B, T, H, K = q.shape
-    HV, V = do.shape[2], do.shape[3]
-    if cu_seqlens is not None:
-        NT, chunk_offsets = _varlen_chunks(cu_seqlens, T)
-        if NT == 0:  # every sequence empty: nothing for a kernel to walk
-            return None
-        if chunk_indices is not None and len(chunk_indices) != NT:
-            # fla sizes dh by its chunk table, which may be longer than these sequences'
-            # chunks (fla's CUDA-graph mode pads it): fla's own function keeps its shapes.
-            return None
-    else:
-        NT, chunk_offsets = (T + BT - 1) // BT, None
-    dh_shape = (B, NT, HV, V, K) if state_v_first else (B, NT, HV, K, V)
-    if use_graph:
-        dh = _alloc(dh_shape, q.dtype, q.device, use_graph, "dhu_dh")
-        dh0 = (
-            _alloc(tuple(h0.shape), torch.float32, q.device, use_graph, "dhu_dh0") if h0 is not None else None
-        )
-        dv2 = _alloc(tuple(dv.shape), dv.dtype, q.device, use_graph, "dhu_dv2")
-    else:
-        dh = _empty(q, dh_shape, q.dtype)
-        dh0 = _empty(q, h0.shape, torch.float32) if h0 is not None else None
-        dv2 = _empty(q, dv.shape, dv.dtype)
-    if poison:  # tests: an element the kernel does not write stays NaN
-        for out in (dh, dh0, dv2):
-            if out is not None:
-                out.fill_(float("nan"))
-    stream = _current_stream(q)
-    if call is not None:
-        call.launch(dh, dh0, dv2, chunk_offsets, stream)
-    else:
-        _core.launch(
-            q,
-            k,
-            w,
-            do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
-            float(scale),
-            state_v_first,
-            cu_seqlens,
-            BT,
-            chunk_offsets,
-            dh,
-            dh0,
-            dv2,
-            stream,
-        )
-    return dh, dh0, dv2
-
-
-def _graph_clause(cu_seqlens, use_graph) -> str | None:
-    """The one clause the Python side adds to the plan (it alone knows use_graph and
-    whether a CUDA graph is being captured)."""
-    if cu_seqlens is None:
-        return None
-    if use_graph:
+    try:
+        c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
+                  chunk_indices, chunk_offsets, use_graph)  # fmt: skip
+        with _device_ctx(q):
+            ok, reason, call = c.prepare("extended")
+            if call.nt is None:  # a packed batch without chunk_indices: count its chunks (validated)
+                ok, reason, call = c.prepare("extended", chunk_count(c.cu_seqlens, q.shape[1]))
+    except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
+        return False, f"{type(err).__name__}: {err}", None
+    if call.copies:
         return (
-            "use_graph with cu_seqlens: the kernel path reads cu_seqlens on the host, "
-            "which a CUDA graph cannot capture"
+            True,
+            f"{reason} after copying {', '.join(call.copies)} (fla's function reads inputs as contiguous)",
+            call,
         )
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return (
-            "cu_seqlens during CUDA-graph capture: the kernel path reads cu_seqlens on "
-            "the host, which a graph cannot capture"
-        )
-    return None
+    return ok, reason, call
 
 
-def plan_call(
-    q,
-    k,
-    w,
-    do,
-    dv,
-    g=None,
-    gk=None,
-    h0=None,
-    dht=None,
-    scale=None,
-    state_v_first=False,
-    cu_seqlens=None,
-    chunk_size=64,
-    chunk_indices=None,
-    chunk_offsets=None,
-    use_graph=False,
-) -> tuple[bool, str | None]:
+def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
+              chunk_size=64, chunk_indices=None, chunk_offsets=None, use_graph=False):  # fmt: skip
     """The planner's verdict on a call of ``chunk_gated_delta_rule_bwd_dhu``; no side effects.
 
     Returns ``(True, "kernel-sm90a")`` when kda-dhu's kernel runs the call, else
-    ``(False, reason)``. Invalid input is reported as ``(False, message)`` rather than
-    raised: this is the verifier of kda-dhu's fla backend, and fla then runs the call
-    itself (and raises its own error if it must).
+    ``(False, reason)``; a call whose inputs are copied first says so after the verdict.
+    Invalid input is reported as ``(False, message)`` rather than raised (this is the
+    verifier of kda-dhu's fla backend, which fla logs).
     """
-    try:
-        with _device_ctx(q):
-            ok, reason = _decide(
-                "extended",
-                q,
-                k,
-                w,
-                do,
-                dv,
-                g,
-                gk,
-                h0,
-                dht,
-                _default_scale(q, scale),
-                state_v_first,
-                _index64(cu_seqlens),
-                chunk_size,
-                _index64(chunk_offsets),
-            )
-    except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
-        return False, f"{type(err).__name__}: {err}"
-    graph = _graph_clause(cu_seqlens, use_graph)
-    return (False, graph) if ok and graph else (ok, reason)
+    ok, reason, call = verify(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size,
+                              chunk_indices, chunk_offsets, use_graph)  # fmt: skip
+    if call is not None and call.copies:
+        ok, reason = call.verdict[0], reason
+    return ok, reason
 
 
 def chunk_gated_delta_rule_bwd_dhu(
@@ -463,137 +355,101 @@ def chunk_gated_delta_rule_bwd_dhu(
         scale: multiplies the fp32 q^T do dot; None means K ** -0.5.
         state_v_first: dh, dht, h0, dh0 keep V before K.
         cu_seqlens: int64 or int32 [N + 1] sequence offsets of a packed batch (B == 1), or
-            None (int32 is widened to int64 for the kernel).
+            None. Its values are checked where the kernel reads them, on the device.
         chunk_size: 64 on the kernel path (fla handles others).
-        chunk_indices, chunk_offsets: fla's precomputed varlen chunk tables, optional.
-        use_graph: fla's static output buffers for CUDA-graph capture. With cu_seqlens the
-            call runs fla's function: the kernel path reads cu_seqlens on the host (to
-            check it and size dh), which a graph cannot capture.
+        chunk_indices: fla's chunk table [NT, 2] of a packed batch (fla's backward passes
+            it); its length is dh's NT. Without it, NT is counted from cu_seqlens through
+            fla's cache (one host read per distinct cu_seqlens tensor).
+        chunk_offsets: fla's [N + 1] first chunk of each sequence (int32 or int64), or None
+            (the kernel sums the chunk counts itself). Checked against cu_seqlens on the device.
+        use_graph: fla's static output buffers for CUDA-graph capture (its fixed-size chunk
+            tables: rows of dh past the real chunks are left as fla leaves them, unwritten).
 
     Returns:
-        (dh, dh0, dv2): dh [B, NT, HV, K, V] in q's dtype (NT = ceil(T / 64), or the
-        total chunk count of all sequences with cu_seqlens; [B, NT, HV, V, K] with
-        state_v_first), dh0 fp32 shaped like h0 or None, dv2 like dv. With cu_seqlens
-        whose last offset is short of T, dv2's padding rows are zeros.
+        (dh, dh0, dv2): dh [B, NT, HV, K, V] in q's dtype (NT = ceil(T / 64), or
+        len(chunk_indices) / the chunk count of the packed batch; [B, NT, HV, V, K] with
+        state_v_first), dh0 fp32 shaped like h0 or None, dv2 like dv (contiguous). With
+        cu_seqlens whose last offset is short of T, dv2's padding rows are zeros.
 
     Raises:
-        TypeError / ValueError: a tensor's dtype, shape, device, stride or alignment is
-            not what the op takes (the message names the argument and the expectation);
-            cu_seqlens not starting at 0, decreasing, past T, or B != 1; scale not finite.
+        TypeError / ValueError: a tensor's dtype, shape, device or strides (negative) is
+            not what the op takes, or scale is not finite (the message names the argument
+            and the expectation). Strided, expanded or misaligned inputs are copied, not
+            refused; the caller's tensors are never modified.
+        ValueError naming cu_seqlens / chunk_offsets / chunk_indices: bad packed-batch
+            values found on the device by an earlier call on that device (that call's
+            outputs for the failing sequence are NaN), or by this call with
+            KDA_DHU_CHECK_INPUTS=1.
         RuntimeError: a CUDA driver or launch failure; KDA_DHU_FORCE=kernel on a call the
             kernel cannot run.
 
     Calls the kernel where ``plan_call`` accepts; otherwise fla's own function with the
-    same arguments, so results match fla's to rounding either way.
+    same (packed) arguments, so results match fla's to rounding either way.
     """
-    if cu_seqlens is None and not use_graph and _fast_path():
-        out = _core.run("extended", q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, chunk_size)
+    if not use_graph and _core is not None:
+        out = _core.run("extended", q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size,
+                        chunk_indices, chunk_offsets)  # fmt: skip
         if out is not None:
             return out
-    scale = _default_scale(q, scale)
-
-    def run_fla():
-        return fla_function()(
-            q=q,
-            k=k,
-            w=w,
-            do=do,
-            dv=dv,
-            g=g,
-            gk=gk,
-            h0=h0,
-            dht=dht,
-            scale=scale,
-            state_v_first=state_v_first,
-            cu_seqlens=cu_seqlens,
-            chunk_size=chunk_size,
-            chunk_indices=chunk_indices,
-            chunk_offsets=chunk_offsets,
-            use_graph=use_graph,
-        )
-
-    with _device_ctx(q):
-        # int32 cu_seqlens / chunk_offsets (fla accepts them) reach the kernel as int64;
-        # fla's function, if it runs, gets the caller's tensors.
-        cu64, offsets64 = _index64(cu_seqlens), _index64(chunk_offsets)
-        use_kernel, reason, call = _prepare(
-            "extended", q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu64, chunk_size, offsets64
-        )
-        if use_kernel and not _graph_clause(cu_seqlens, use_graph):
-
-            def run_kernel():
-                out = _run_kernel(
-                    q,
-                    k,
-                    w,
-                    do,
-                    dv,
-                    g,
-                    gk,
-                    h0,
-                    dht,
-                    scale,
-                    cu64,
-                    chunk_indices,
-                    offsets64,
-                    use_graph,
-                    call=call,
-                    state_v_first=state_v_first,
-                )
-                return run_fla() if out is None else out
-
-            def signature():
-                return signature_of(q, k, w, do, dv, g, gk, h0, dht, cu_seqlens, entry="extended")
-
-            return _guarded(reason, signature, run_kernel, run_fla)
-    return run_fla()
+    c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
+              chunk_indices, chunk_offsets, use_graph)  # fmt: skip
+    return _general("extended", c, "extended")
 
 
 chunk_gated_delta_rule_bwd_dhu._kda_dhu_entry = True
 
 
 def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
-    """The seed's stage-4 dispatcher, argument for argument fla's call with q=qg, k=kg, gk=g2.
+    """The original stage-4 dispatcher, argument for argument fla's call with q=qg, k=kg, gk=g2.
 
-    Runs kda-dhu's kernel only when all of the seed's clauses hold (SPEC.md): chunk_size
-    == 64, T % 64 == 0, K in (64, 128), V % 64 == 0, dtype bf16 or fp16, dht given, and
-    B * HV * (V // 64) >= 256 CTAs; otherwise it returns fla's own result for the same
-    arguments. Shapes: qg, kg [B, T, H, K]; w [B, T, HV, K]; g2 [B, T, HV, K] fp32;
-    h0, dht [B, HV, K, V] fp32 (h0 only decides whether dh0 is returned); do, dv
+    Runs kda-dhu's kernel only when all of the original envelope's clauses hold (SPEC.md):
+    chunk_size == 64, T % 64 == 0, K in (64, 128), V % 64 == 0, dtype bf16 or fp16, dht
+    given, and B * HV * (V // 64) >= 256 CTAs; otherwise it returns fla's own result for
+    the same arguments. Shapes: qg, kg [B, T, H, K]; w [B, T, HV, K]; g2 [B, T, HV, K]
+    fp32; h0, dht [B, HV, K, V] fp32 (h0 only decides whether dh0 is returned); do, dv
     [B, T, HV, V].
 
     Returns (dh [B, NT, HV, K, V] in qg's dtype, dh0 fp32 or None if h0 is None, dv2).
     Raises as ``chunk_gated_delta_rule_bwd_dhu`` does.
     """
-    if _fast_path():
-        out = _core.run("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, chunk_size)
+    if _core is not None:
+        out = _core.run("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size)
         if out is not None:
             return out
-
-    def run_fla():
-        return fla_function()(
-            q=qg, k=kg, w=w, gk=g2, h0=h0, dht=dht, do=do, dv=dv, scale=scale, chunk_size=chunk_size
-        )
-
-    with _device_ctx(qg):
-        use_kernel, reason, call = _prepare(
-            "b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None
-        )
-        if use_kernel:
-
-            def run_kernel():
-                return _run_kernel(
-                    qg, kg, w, do, dv, None, g2, h0, dht, scale, None, None, None, False, call=call
-                )
-
-            def signature():
-                return signature_of(qg, kg, w, do, dv, g2, h0, dht, entry="b2a")
-
-            return _guarded(reason, signature, run_kernel, run_fla)
-    return run_fla()
+    c = _Call(qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None, None, False)
+    return _general("b2a", c, "b2a")
 
 
 def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> tuple[bool, str]:
-    """The seed dispatcher's verdict for a ``kda_dhu_b2a`` call: (use_kernel, reason)."""
+    """The original dispatcher's verdict for a ``kda_dhu_b2a`` call: (use_kernel, reason).
+    Raises on invalid input, naming the argument."""
+    c = _Call(qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None, None, False)
     with _device_ctx(qg):
-        return _decide("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None)
+        ok, reason, _, _ = _decide("b2a", c)
+    return ok, reason
+
+
+def run_kernel(rule: str, c: _Call, poison: bool = False):
+    """The kernel on a call under ``rule`` ("capable": wherever it can compute it), outputs
+    poisoned with NaN first if asked; RuntimeError where the plan is not the kernel."""
+    with _device_ctx(c.q):
+        ok, reason, call, c = _decide(rule, c)
+        if not ok:
+            raise RuntimeError(f"the kernel cannot run this call: {reason}")
+        return _launch(c, call, poison)
+
+
+_errors_lock = threading.Lock()
+
+
+def check_errors(device=None) -> None:
+    """Raises a bad packed batch that kda-dhu's kernel found on ``device`` (default: the
+    current CUDA device) since the last look: ValueError naming cu_seqlens, chunk_offsets
+    or chunk_indices, with the first failing sequence. Synchronizes the device first, so
+    every launch queued before it is looked at: for CUDA-graph replays, whose calls never
+    pass through a later call's check. Each error is raised once."""
+    core = _require_core()
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    with _errors_lock:
+        torch.cuda.synchronize(dev)
+        core.check_input_errors(dev.index if dev.index is not None else torch.cuda.current_device())

@@ -2,6 +2,8 @@
 
     python -m kda_dhu.bench                 # the quick default: prod8192 only
     python -m kda_dhu.bench --all --out DIR # every shape; writes DIR/<date>-<gpu>.json
+    python -m kda_dhu.bench --table JSON [--plot PNG]   # a record's table (and plot)
+    python -m kda_dhu.bench --readme README.md          # README's tables from their records
 
 Times are medians of CUDA-event timings after warm-up, kda-dhu and fla alternating
 in one process. The bandwidth floor is the fewest bytes (each input read once, each
@@ -19,12 +21,14 @@ import functools
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 
-import torch
+# torch is imported inside the functions that use it: ``python -m kda_dhu.bench --help``,
+# a mistyped shape name and ``--table`` answer without it.
 
 BT = 64
 
@@ -49,6 +53,8 @@ STATE_V_FIRST = {"svf_b8_t4096_h32"}
 
 def varlen_lengths(T: int, n: int, seed: int = 0) -> list:
     """n positive lengths summing to T, spread around T / n (reproducible)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     w = torch.rand(n, generator=g) + 0.5
     lens = (w / w.sum() * T).floor().long().clamp(min=1)
@@ -58,6 +64,8 @@ def varlen_lengths(T: int, n: int, seed: int = 0) -> list:
 
 def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", seed=0, state_v_first=False):
     """Random inputs in fla's keyword form for one call (fresh data per seed)."""
+    import torch
+
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape, dt=dtype, s=1.0):
@@ -110,6 +118,8 @@ def make_inputs(B, T, H, HV, K, V, dtype, gate, lengths=None, device="cuda", see
 def row_inputs(row, seed=0, device="cuda") -> tuple:
     """(inputs, lengths) of a SHAPES row: packed lengths for "avg1k" rows (else None),
     state_v_first for the rows of STATE_V_FIRST."""
+    import torch
+
     name, B, T, H, HV, K, V, gate, varlen = row
     lengths = varlen_lengths(T, 64, seed) if varlen == "avg1k" else None
     a = make_inputs(
@@ -144,6 +154,8 @@ def floor_bytes(B, T, H, HV, K, V, NT_total, N, elem=2, gate="gk") -> int:
 
 def copy_bandwidth(device="cuda", nbytes=4 << 30) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read + written."""
+    import torch
+
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     ms = time_ms(functools.partial(dst.copy_, src), warmup=5, reps=20)
@@ -165,6 +177,8 @@ def time_ms(fn, warmup=10, reps=50, queue_ahead=True) -> float:
     overlaps the GPU's, sees it), not the host's time to issue it. False: the GPU is idle
     when each call starts, so the time is the call's latency, host time included (both
     are recorded: see run_shape)."""
+    import torch
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -199,6 +213,8 @@ def time_interleaved(fn_a, fn_b, rounds=5, reps=10) -> tuple:
 
 def _times_ms(fn, reps: int) -> list:
     """``reps`` queued timings of fn (see time_ms), after two untimed calls."""
+    import torch
+
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
@@ -263,6 +279,8 @@ def reset_fla_autotune() -> int:
 
 def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     """Time and check one shape; entry "extended" (fla's signature) or "b2a" (the seed's)."""
+    import torch
+
     import kda_dhu
     from kda_dhu import reference
     from kda_dhu.reference import rel_err
@@ -354,8 +372,20 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended"):
     }
 
 
+def _path_cell(path: str) -> str:
+    """A row's route for the table: "kernel-sm90a", or "fla: <the planner's condition>".
+
+    The record keeps the planner's whole reason, as it read at the record's commit; its
+    clause after the first ": " quotes an older measurement of the loss that made the
+    rule, so the table leaves it out (the measurements are records of their own)."""
+    if path.startswith("fla (") and path.endswith(")"):
+        return "fla: " + path[len("fla (") : -1].split(": ", 1)[0]
+    return path
+
+
 def markdown_table(record: dict) -> str:
-    """The README's table, generated from a benchmark record (never typed by hand)."""
+    """The README's table of a benchmark record (never typed by hand): a line naming the
+    GPU, versions, commit, date and copy bandwidth, then one row per shape."""
     head = (
         f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, kda_dhu "
         f"{record['kda_dhu_commit']}, {record['date']}; copy bandwidth "
@@ -372,21 +402,64 @@ def markdown_table(record: dict) -> str:
             f"| {r['shape']} | {r['B']} | {r['T']} | {r['H']} | {r['HV']} | {r['K']} | {r['V']} "
             f"| {r['kda_dhu_ms']:.3f} | {r['fla_ms']:.3f} | {r['speedup_vs_fla']:.2f}x "
             f"| {r['over_floor']:.2f} | {r['fla_over_floor']:.2f} "
-            f"| {r['rel_err']['dh']:.1e} ({fe.get('dh', float('nan')):.1e}) | {r['path']} |"
+            f"| {r['rel_err']['dh']:.1e} ({fe.get('dh', float('nan')):.1e}) | {_path_cell(r['path'])} |"
         )
     return head + "\n".join(lines) + "\n"
 
 
-def plot(record: dict, path: str) -> bool:
-    """A PNG of a benchmark record: time over the bandwidth floor per shape, kda-dhu and
-    fla side by side (1.0 is the floor). False (and nothing written) without matplotlib."""
+# A generated block of a markdown file: the table of the record named in its first line
+# (a path relative to the markdown file), up to the end line.
+_BLOCK = re.compile(
+    r"(?P<start><!-- bench-table: (?P<src>[^ ]+) -->\n)(?P<body>.*?)(?P<end><!-- /bench-table -->)", re.S
+)
+
+
+def render_readme(text: str, root: str) -> str:
+    """``text`` (a markdown file's) with each generated block's table made anew from the
+    record it names (paths relative to ``root``, the file's folder).
+
+    A block is ``<!-- bench-table: RECORD.json -->``, a blank line, ``markdown_table`` of
+    the record, a blank line, ``<!-- /bench-table -->``. Raises ValueError when the text
+    has no block, OSError / ValueError / KeyError when a named record cannot be read."""
+    if not _BLOCK.search(text):
+        raise ValueError("no '<!-- bench-table: RECORD.json -->' ... '<!-- /bench-table -->' block")
+
+    def fill(m: re.Match) -> str:
+        with open(os.path.join(root, m["src"])) as f:
+            table = markdown_table(json.load(f))
+        return f"{m['start']}\n{table}\n{m['end']}"
+
+    return _BLOCK.sub(fill, text)
+
+
+def update_readme(path: str, check: bool = False) -> bool:
+    """Regenerates the bench-table blocks of the markdown file ``path`` (render_readme);
+    returns whether its text changed. ``check``: only compare, never write."""
+    with open(path) as f:
+        text = f.read()
+    new = render_readme(text, os.path.dirname(os.path.abspath(path)))
+    if new != text and not check:
+        with open(path, "w") as f:
+            f.write(new)
+    return new != text
+
+
+PLOT_NEEDS = "matplotlib (pip install 'kda-dhu[bench]')"
+
+
+def plot(record: dict, path: str) -> None:
+    """A PNG of a benchmark record at ``path``: time over the bandwidth floor per shape,
+    kda-dhu and fla side by side (1.0 is the floor).
+
+    Raises ImportError (naming the ``bench`` extra) without matplotlib, and OSError when
+    ``path`` cannot be written; nothing is written then."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    except ImportError as err:
+        raise ImportError(f"plotting needs {PLOT_NEEDS}: {err}") from err
     rows = record["rows"]
     names = [r["shape"] for r in rows]
     x = range(len(rows))
@@ -408,9 +481,10 @@ def plot(record: dict, path: str) -> bool:
         ax.text(i - 0.2, r["over_floor"], f"{r['speedup_vs_fla']:.2f}x", ha="center", va="bottom", fontsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
 
 
 def write_record(record: dict, out: str, table: str, prefix: str = "") -> None:
@@ -425,10 +499,16 @@ def write_record(record: dict, out: str, table: str, prefix: str = "") -> None:
         f.write(table)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m kda_dhu.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--all", action="store_true", help="every shape of the table (SHAPES)")
-    ap.add_argument("--shapes", default="", help="comma-separated shape names")
+    ap.add_argument(
+        "--shapes", default="", help="comma-separated shape names: " + ", ".join(r[0] for r in SHAPES)
+    )
     ap.add_argument("--out", default="", help="folder for <date>-<gpu>.json and latest.json")
     ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
     ap.add_argument("--cooldown", type=float, default=2.0, help="idle seconds before each row (default 2)")
@@ -442,19 +522,69 @@ def main(argv=None) -> int:
         "--plot",
         default="",
         metavar="PNG",
-        help="with --table: also draw the record as a PNG (needs matplotlib)",
+        help=f"with --table: also draw the record as a PNG (needs {PLOT_NEEDS}; exit 1 without)",
     )
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--readme",
+        default="",
+        metavar="MD",
+        help="regenerate the bench-table blocks of a markdown file (README.md) from the records "
+        "their first lines name, and exit (no GPU needed)",
+    )
+    ap.add_argument(
+        "--check", action="store_true", help="with --readme: exit 1 if a block is stale; write nothing"
+    )
+    return ap
+
+
+def _record_tools(ap: argparse.ArgumentParser, args) -> int:
+    """--table / --plot / --readme: records and files only (no torch)."""
+    if args.plot and not args.table:
+        ap.error("--plot draws the record of --table JSON")
     if args.table:
         try:
             with open(args.table) as f:
                 record = json.load(f)
-            print(markdown_table(record), end="")
+            table = markdown_table(record)
         except (OSError, ValueError, KeyError, TypeError) as err:
             ap.error(f"--table {args.table}: not a benchmark record ({type(err).__name__}: {err})")
-        if args.plot and not plot(record, args.plot):
-            print("kda_dhu.bench: matplotlib is not installed; no plot", file=sys.stderr)
-        return 0
+        print(table, end="")
+        if args.plot:
+            try:
+                plot(record, args.plot)
+            except (ImportError, OSError, ValueError, KeyError, TypeError) as err:
+                print(f"kda_dhu.bench: --plot {args.plot}: no plot: {err}", file=sys.stderr)
+                return 1
+    if args.readme:
+        try:
+            changed = update_readme(args.readme, check=args.check)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"kda_dhu.bench: --readme {args.readme}: {type(err).__name__}: {err}", file=sys.stderr)
+            return 1
+        if args.check and changed:
+            print(
+                f"kda_dhu.bench: {args.readme}: a bench-table block differs from its record", file=sys.stderr
+            )
+            return 1
+        what = "unchanged" if not changed else ("stale" if args.check else "rewritten")
+        print(f"kda_dhu.bench: {args.readme}: bench-table blocks {what}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.table or args.readme or args.plot:
+        return _record_tools(ap, args)
+    rows = SHAPES if args.all else SHAPES[:1]
+    if args.shapes:
+        want = set(args.shapes.split(","))
+        unknown = want - {r[0] for r in SHAPES}
+        if unknown:
+            ap.error(f"unknown shape(s) {sorted(unknown)}; one of: {', '.join(r[0] for r in SHAPES)}")
+        rows = [r for r in SHAPES if r[0] in want]
+
+    import torch
 
     if not torch.cuda.is_available():
         print("kda_dhu.bench: no CUDA device; the benchmark needs a GPU.", file=sys.stderr)
@@ -463,13 +593,6 @@ def main(argv=None) -> int:
 
     import kda_dhu
 
-    rows = SHAPES if args.all else SHAPES[:1]
-    if args.shapes:
-        want = set(args.shapes.split(","))
-        unknown = want - {r[0] for r in SHAPES}
-        if unknown:
-            ap.error(f"unknown shape(s) {sorted(unknown)}; one of: {', '.join(r[0] for r in SHAPES)}")
-        rows = [r for r in SHAPES if r[0] in want]
     bw = copy_bandwidth()
     gpu = torch.cuda.get_device_name()
     print(
@@ -528,7 +651,10 @@ def main(argv=None) -> int:
         if os.path.exists(partial):
             os.remove(partial)
         write_record(record, args.out, markdown_table(record))
-        plot(record, os.path.join(args.out, "latest.png"))
+        try:  # the record is the run's result; its picture is a convenience here
+            plot(record, os.path.join(args.out, "latest.png"))
+        except ImportError as err:
+            print(f"kda_dhu.bench: no latest.png: {err}", file=sys.stderr)
     bad = [
         r["shape"]
         for r in results

@@ -12,9 +12,13 @@ own Triton kernel.  Note the 'common' registry is shared by every common op
 for those, then skipped because it has no ``<op>`` attribute; this backend defines
 only stage 4's pair.
 
-The verifier binds the arguments with fla's own signature and asks
-``kda_dhu._dispatch.plan_call``; the implementation calls
-``kda_dhu._dispatch.chunk_gated_delta_rule_bwd_dhu``, whose fallback is fla's
+The verifier binds the caller's arguments (Python's own binding where fla's parameters
+are 0.6's, checked once at registration; fla's signature through ``inspect`` otherwise)
+and asks ``kda_dhu._dispatch.verify``: Rust reads, validates and plans the call once.
+An accepted call's prepared plan is kept (per thread) for the implementation, which fla
+calls next with the same arguments: it allocates and launches in one crossing, nothing
+decided twice. A call whose inputs must be copied is accepted too (fla's function would
+read them as if contiguous); the implementation copies and runs the kernel or fla's
 *undecorated* function, so nothing re-enters fla's dispatch wrapper.
 
 Switch: ``FLA_KDA_DHU=0`` disables the backend (default enabled), as fla's backends do.
@@ -27,7 +31,6 @@ import importlib
 import inspect
 import logging
 import threading
-from typing import Any
 
 __all__ = ["register_backend", "unregister_backend", "is_registered", "BACKEND_TYPE", "ENV_VAR", "PRIORITY"]
 
@@ -47,31 +50,69 @@ def _dispatch_module():
     return importlib.import_module("kda_dhu._dispatch")
 
 
+# fla 0.6's parameters of chunk_gated_delta_rule_bwd_dhu, in order. When fla's own are
+# these (checked once, at registration), the verifier and the implementation bind the
+# caller's arguments with Python's own call machinery (no inspect on the hot path).
+_FLA_PARAMS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
+               "chunk_indices", "chunk_offsets", "use_graph")  # fmt: skip
+
+
+def _bound(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
+           chunk_size=64, chunk_indices=None, chunk_offsets=None, use_graph=False, **newer):  # fmt: skip
+    """The caller's arguments by fla 0.6's signature, plus any of a newer fla's (``newer``)."""
+    return (q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_indices, chunk_offsets,
+            use_graph), newer  # fmt: skip
+
+
 @functools.lru_cache(maxsize=8)
 def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)
 
 
-def _bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Name the caller's arguments with fla's signature (defaults applied)."""
-    bound = _signature(_dispatch_module().fla_function()).bind(*args, **kwargs)
+def _bind_slow(args: tuple, kwargs: dict):
+    """For an fla whose parameters differ from 0.6's: bind with its signature, then by name."""
+    fla_fn = _dispatch_module().fla_function()
+    bound = _signature(fla_fn).bind(*args, **kwargs)
     bound.apply_defaults()
-    return dict(bound.arguments)
+    named = dict(bound.arguments)
+    defaults = {n: p.default for n, p in _signature(fla_fn).parameters.items()}
+    ours = {n: named.pop(n) for n in _FLA_PARAMS if n in named}
+    return _bound(**ours, **named), defaults
 
 
-def _ours_kwargs(arguments: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """Keep the arguments our dispatcher knows.  An argument of a newer fla that we do
-    not know is only tolerated at its default (None / False / fla's default)."""
-    dispatch = _dispatch_module()
-    known = _signature(dispatch.chunk_gated_delta_rule_bwd_dhu).parameters
-    fla_params = _signature(dispatch.fla_function()).parameters
-    out = {}
-    for name, value in arguments.items():
-        if name in known:
-            out[name] = value
-        elif not (value is None or value is False or value is fla_params[name].default):
-            return None, f"argument {name!r} of this fla version is not supported by kda_dhu"
-    return out, None
+_fast_binding: bool | None = None  # fla's parameters are 0.6's (decided at registration)
+
+
+def _bind(args: tuple, kwargs: dict):
+    """((fla 0.6's 16 arguments), reason or None): reason says why an argument of a newer
+    fla rules the call out (only tolerated at its default)."""
+    if _fast_binding:
+        values, newer = _bound(*args, **kwargs)
+        defaults = None
+    else:
+        (values, newer), defaults = _bind_slow(args, kwargs)
+    for name, value in newer.items():
+        default = defaults.get(name) if defaults else None
+        if not (value is None or value is False or value is default):
+            return values, f"argument {name!r} of this fla version is not supported by kda_dhu"
+    return values, None
+
+
+class _Pending(threading.local):
+    """The verifier's prepared call, for the implementation fla calls next with the same
+    arguments (per thread: fla calls the two back to back)."""
+
+    values: tuple | None = None
+    call = None
+
+
+_pending = _Pending()
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(
+        x is y or (type(x) in (int, float, bool) and x == y) for x, y in zip(a, b)
+    )
 
 
 def _make_backend_class(base: type) -> type:
@@ -85,20 +126,30 @@ def _make_backend_class(base: type) -> type:
         priority = PRIORITY
 
         def chunk_gated_delta_rule_bwd_dhu_verifier(self, *args, **kwargs) -> tuple[bool, str | None]:
+            _pending.values = _pending.call = None
             try:
-                ours, reason = _ours_kwargs(_bind(args, kwargs))
-                if ours is None:
+                values, reason = _bind(args, kwargs)
+                if reason is not None:
                     return False, reason
-                accepted, reason = _dispatch_module().plan_call(**ours)
+                accepted, reason, call = _dispatch_module().verify(*values)
+                if accepted:
+                    _pending.values, _pending.call = values, call
                 return bool(accepted), reason
             except Exception as error:  # fla also catches, but never raise out of a verifier
                 return False, f"kda_dhu verifier error: {type(error).__name__}: {error}"
 
         def chunk_gated_delta_rule_bwd_dhu(self, *args, **kwargs):
-            ours, reason = _ours_kwargs(_bind(args, kwargs))
-            if ours is None:  # the verifier rejected this already
+            values, reason = _bind(args, kwargs)
+            if reason is not None:  # the verifier rejected this already
                 raise TypeError(reason)
-            return _dispatch_module().chunk_gated_delta_rule_bwd_dhu(**ours)
+            call, pending = _pending.call, _pending.values
+            _pending.values = _pending.call = None
+            if call is not None and pending is not None and _same(values, pending) and not values[15]:
+                # The verifier's work, not redone: allocate and launch in one crossing.
+                out = call.run()
+                if out is not None:
+                    return out
+            return _dispatch_module().chunk_gated_delta_rule_bwd_dhu(*values)
 
     KdaDhuBackend.__module__ = __name__
     KdaDhuBackend.__qualname__ = "KdaDhuBackend"
@@ -145,6 +196,9 @@ def register_backend() -> bool:
             return False
         if _backend_cls is None or not issubclass(_backend_cls, backends.BaseBackend):
             _backend_cls = _make_backend_class(backends.BaseBackend)
+        global _fast_binding
+        params = tuple(_signature(_dispatch_module().fla_function()).parameters)
+        _fast_binding = params == _FLA_PARAMS
         if registry is not None and isinstance(
             getattr(registry, "_backends", {}).get(BACKEND_TYPE), _backend_cls
         ):

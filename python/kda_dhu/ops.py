@@ -3,9 +3,9 @@
 ``torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu`` is registered with torch.library
 (schema below) with a fake (meta) implementation, so ``torch.compile(fullgraph=True)``
 traces through it instead of breaking the graph on the DLPack / driver calls inside.
-On CUDA tensors it is ``kda_dhu.chunk_gated_delta_rule_bwd_dhu`` (kernel or fla, as
-planned); on CPU tensors it evaluates the float64 reference and casts to the output
-dtypes, so graphs that use it can be traced and tested anywhere.
+It is ``kda_dhu.chunk_gated_delta_rule_bwd_dhu``: on CUDA tensors the kernel or fla, as
+planned; on CPU tensors the Rust core's CPU implementation in fla's precision, so graphs
+that use it can be traced and tested anywhere.
 
 Custom ops return tensors, not None: dh0 comes back as an empty fp32 tensor when h0 is
 None; ``chunk_gated_delta_rule_bwd_dhu_op`` below turns it back into None.
@@ -112,27 +112,11 @@ def _op(
         chunk_indices=chunk_indices,
         chunk_offsets=chunk_offsets,
     )
-    if q.is_cuda:
-        from ._dispatch import chunk_gated_delta_rule_bwd_dhu
+    # CUDA tensors: the kernel or fla, as planned; CPU tensors: the Rust core's CPU path in
+    # fla's precision (the same input checks and messages either way).
+    from ._dispatch import chunk_gated_delta_rule_bwd_dhu
 
-        dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, **kw)
-    else:
-        from . import _dispatch
-        from .reference import chunk_gated_delta_rule_bwd_dhu_ref
-
-        if _dispatch._core is not None:  # the same input checks as the CUDA path
-            _dispatch._core.validate(
-                q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, BT, chunk_offsets
-            )
-        if cu_seqlens is not None:
-            # cu_seqlens' values checked as the CUDA path checks them; the chunk offsets
-            # are these cu_seqlens' own (a caller's chunk_offsets is not trusted, as there)
-            _, offsets = _dispatch._varlen_chunks(cu_seqlens, q.shape[1])
-            kw["chunk_offsets"] = offsets[:-1]
-
-        dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu_ref(q, k, w, do, dv, **kw)
-        dh, dv2 = dh.to(q.dtype), dv2.to(dv.dtype)
-        dh0 = dh0.float() if dh0 is not None else None
+    dh, dh0, dv2 = chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, **kw)
     if dh0 is None:
         dh0 = q.new_empty(0, dtype=torch.float32)
     return dh, dh0, dv2

@@ -19,9 +19,9 @@ On fla >= 0.6 prefer :func:`kda_dhu.fla_backend.register_backend`, which plugs i
 fla's own backend registry without touching module globals.
 
 Note: the dispatcher's fallback must call fla's function through a reference captured
-before patching (``kda_dhu._dispatch.fla_function()``, the undecorated original);
-looking the name up in ``fla.ops.common.chunk_delta_h`` at call time would find the
-replacement and recurse.
+before patching (``kda_dhu._fla.fla_function()``, the undecorated original, which this
+module hands fla's function before rebinding the name); looking the name up in
+``fla.ops.common.chunk_delta_h`` at call time would find the replacement and recurse.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import threading
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
+
+from . import _fla
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "patched_modules", "original_function"]
 
@@ -125,6 +127,8 @@ def patch() -> int:
             current = module.__dict__.get(NAME)
             if current is None or current is ours or not _wraps_target(current, original):
                 continue
+            if module.__name__ == SOURCE:
+                _fla.remember_original(current)
             setattr(module, NAME, ours)
             _records.append((module, current, ours))
             count += 1

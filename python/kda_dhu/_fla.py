@@ -1,0 +1,77 @@
+"""What kda-dhu takes from fla: its own stage-4 function (the fallback) and its cached
+chunk count of a packed batch.
+
+Imports nothing else of kda-dhu's, so that the dispatcher, the patch and the backend can
+all ask it (the patch hands it fla's original function before rebinding the name).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+SOURCE = "fla.ops.common.chunk_delta_h"
+NAME = "chunk_gated_delta_rule_bwd_dhu"
+BT = 64
+
+_lock = threading.Lock()
+_fla_fn = None
+_original = None  # fla's function as kda_dhu.patch found it, before rebinding the name
+
+
+def remember_original(fn) -> None:
+    """Called by ``kda_dhu.patch`` before it rebinds fla's name: fla's function as it was."""
+    global _original
+    if _original is None and not getattr(fn, "_kda_dhu_entry", False):
+        _original = fn
+
+
+def fla_function():
+    """fla's own ``chunk_gated_delta_rule_bwd_dhu``, undecorated.
+
+    The function under fla's backend-dispatch wrapper, so that a fallback never routes
+    back into kda-dhu's fla backend or patch. Raises ImportError if fla is not installed,
+    RuntimeError if fla's module holds kda-dhu's dispatcher and kda_dhu.patch did not put
+    it there.
+    """
+    global _fla_fn
+    if _fla_fn is None:
+        with _lock:
+            if _fla_fn is None:
+                try:
+                    import importlib
+
+                    mod = importlib.import_module(SOURCE)
+                except ImportError as err:  # pragma: no cover - depends on the environment
+                    raise ImportError(
+                        "kda_dhu falls back to flash-linear-attention for calls its kernel does "
+                        "not cover, and fla is not importable: pip install fla-core"
+                    ) from err
+                fn = mod.__dict__.get(NAME)
+                if getattr(fn, "_kda_dhu_entry", False):
+                    if _original is None:
+                        raise RuntimeError(
+                            f"{SOURCE}.{NAME} holds kda_dhu's dispatcher, not put there by kda_dhu.patch"
+                        )
+                    fn = _original
+                _fla_fn = inspect.unwrap(fn)
+    return _fla_fn
+
+
+def chunk_count(cu_seqlens, T: int) -> int:
+    """NT, the chunks of a packed batch, for a call without chunk_indices: through fla's
+    tensor-cached ``prepare_chunk_indices`` (one host read per distinct cu_seqlens tensor,
+    shared with fla's own forward and backward), else by reading cu_seqlens here. Bad
+    values raise ValueError naming cu_seqlens (the Rust checker's message)."""
+    try:
+        from fla.ops.utils.index import prepare_chunk_indices
+    except ImportError:
+        prepare_chunk_indices = None
+    if prepare_chunk_indices is not None:
+        try:
+            return int(prepare_chunk_indices(cu_seqlens, BT).shape[0])
+        except Exception:  # noqa: BLE001 - fla's helper on bad values: name them below
+            pass
+    from . import _core
+
+    return _core.check_tables(cu_seqlens.tolist(), T)[-1]
