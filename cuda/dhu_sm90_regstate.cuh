@@ -427,7 +427,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     return;
   }
   const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
-  const int b_row = ext.b_row, NC = ext.nc;
+  // NC broadcast from lane 0: ptxas then knows it is warp-uniform (read from shared
+  // memory it is not, to ptxas), so the chunk loop's counters, the stage index and the
+  // wgmma descriptors live in uniform registers (fewer instructions per chunk).
+  const int b_row = ext.b_row, NC = __shfl_sync(0xffffffffu, ext.nc, 0);
   const int wg = tid / WG_THREADS;
   const int ctid = tid % WG_THREADS;
   const bool leader = ctid == 0;  // issues the warpgroup's TMA stores
