@@ -239,6 +239,15 @@ __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
   return v;
 }
 
+// A packed pair of 16-bit values as two floats, exactly: bf16 is the top half of an fp32
+// (a shift and a mask, two instructions; unpack2's conversions take three).
+template <class T> __device__ __forceinline__ float2 widen2(uint32_t u) {
+  if constexpr (std::is_same_v<T, cutlass::bfloat16_t>)
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+  else
+    return unpack2<T>(u);
+}
+
 // The two 16-bit halves of a packed pair kept where their column (t, t + 1) is < rows.
 __device__ __forceinline__ uint32_t mask_pair(uint32_t u, int t, int rows) {
   return u & ((t < rows ? 0x0000ffffu : 0u) | (t + 1 < rows ? 0xffff0000u : 0u));
@@ -261,7 +270,7 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
       uint32_t* w = reinterpret_cast<uint32_t*>(&u);
       CUTE_UNROLL
       for (int q = 0; q < 4; ++q) {
-        const float2 f = unpack2<T>(w[q]);
+        const float2 f = widen2<T>(w[q]);
         w[q] = pack2<T>(f.x * e, f.y * e);
       }
       st_shared_v4(a, u);
@@ -526,7 +535,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       ldsm_x4_trans(stage_u32 + DV_OFF + kt * 2048 + lane_tr, r);
       CUTE_UNROLL
       for (int m = 0; m < 4; ++m) {
-        const float2 f = unpack2<T>(r[m]);
+        const float2 f = widen2<T>(r[m]);
         dv[8 * kt + 2 * m] = f.x;
         dv[8 * kt + 2 * m + 1] = f.y;
       }
@@ -675,7 +684,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         CUTE_UNROLL
         for (int m = 0; m < 4; ++m) {
           const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
-          const float2 d = unpack2<T>(r[m]);
+          const float2 d = widen2<T>(r[m]);
           const int e = 8 * kt + 2 * m;
           adv2[4 * kt + m] = pack2<T>(dv[e] * gt.x + d.x, dv[e + 1] * gt.y + d.y);
         }
@@ -701,6 +710,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       warpgroup_commit_batch();
       fence_regs(b);
     }
+
+    // DV_{i+1}'s accumulator starts from dv^T_{i+1} (no g), while WD_i runs (first, so
+    // that the shared-memory loads land before WD completes).
+    if (!use_g) load_dv_acc(nst_u32);
 
     // dv2 -> sDv2; the dh and dv2 stores (a short chunk of a packed batch: plain stores).
     CUTE_UNROLL
@@ -729,9 +742,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
       }
     }
-
-    // DV_{i+1}'s accumulator starts from dv^T_{i+1} (no g), while WD_i runs.
-    if (!use_g) load_dv_acc(nst_u32);
 
     // WD_i and QD_{i+1} complete: b = b_{i+1}, qd = QD_{i+1}.
     warpgroup_wait<0>();
