@@ -1,7 +1,8 @@
 // Stage 4 of fla's chunked gated delta rule backward on Hopper (sm_90a), with the state
 // held transposed in registers: both products of the serial chain take their A operand
 // from registers (wgmma's register-A form), so nothing on the chain waits on shared
-// memory, a proxy fence or a named barrier.
+// memory, a proxy fence or a named barrier. Same calls, grid and threads as dhu_sm90.cu's
+// kernel (the planner picks it under KDA_DHU_SM90_VARIANT=regstate).
 //
 // What a consumer warpgroup owns: (sequence n, value head hv, V tile of BV = 64 columns),
 // as in dhu_sm90.cu; it walks the sequence's chunks of BT = 64 tokens newest first. A CTA
@@ -10,23 +11,22 @@
 // b^T [BV, K] in fp32 registers: M = BV = 64 rows (wgmma's M), N = K columns. Per chunk
 // (SPEC.md's recurrence, transposed; the state is b itself, not negated):
 //
-//     dh[chunk]^T      = bf16(b^T)                              registers -> sBh (stmatrix) -> TMA store
-//     DV^T  [BV, BT]   = bf16(b^T) [BV, K] . k^T [K, BT]        wgmma RS: A = bf16(b^T) registers, B = k (K-major)
-//     dv2^T [BV, BT]   = gate(t) * DV^T + dv^T   -> q.dtype    registers; the accumulator re-packed
-//                                                              as the A fragment of WD (K dim = BT)
-//     QD^T  [BV, K]    = (do^T diag(exp2 g)) [BV, BT] . q [BT, K]   wgmma RS: A = do^T (ldmatrix.trans), B = q (MN-major)
-//     b^T              = decay(k) * b^T + scale * QD^T          fp32 registers (scale after the dot, as fla)
-//     b^T             += -(dv2^T [BV, BT] . w [BT, K])          wgmma RS into b^T, A scaled by -1 (exact)
+//     dh[chunk]^T     = bf16(b^T)                               registers -> sBh (stmatrix) -> TMA store
+//     DV^T  [BV, BT]  = bf16(b^T) [BV, K] . k^T [K, BT]         wgmma RS: A = bf16(b^T), B = k (K-major)
+//     dv2^T [BV, BT]  = gate(t) * DV^T + dv^T  -> q.dtype      registers; re-packed as WD's A (K dim = BT)
+//     b^T             = decay(k) * b^T + scale * QD^T           fp32 registers (scale after the dot, as fla)
+//     b^T            += -(dv2^T [BV, BT] . w [BT, K])           wgmma RS into b^T, A scaled by -1 (exact)
+//     QD^T  [BV, K]   = do^T [BV, BT] . q [BT, K]  (next chunk) wgmma SS: A = do (MN-major), B = q (MN-major)
 //
 //   gate(t) = exp2(g[e-1] - g[t]) with the scalar gate g, else 1 (per column t of DV^T);
 //   decay(k) = exp2(gk[e-1, k]) with gk (per column k of b^T), exp2(g[e-1]) with g, else 1;
-//   with g, do[t] is weighted by exp2(g[t]) and rounded to q.dtype before the QD product
-//   (q^T diag(e) do == (diag(e) do)^T q, transposed), as dhu_sm90.cu does in shared memory.
+//   with g, do's rows are weighted by exp2(g[t]) in shared memory and rounded to q.dtype
+//   before QD (q^T diag(e) do == (diag(e) do)^T q), as dhu_sm90.cu does.
 //
-// fla's rounding points are kept: b is rounded to q.dtype before k.b (the A fragment of
-// DV), dv2 is rounded before w^T.dv2 (the A fragment of WD), and scale multiplies the
-// fp32 QD accumulator. Without g, DV's accumulator starts from dv^T itself (fp32), so the
-// tensor core adds dv (the sum's order differs from fla's only at fp32 rounding).
+// fla's rounding points are kept: b is rounded to q.dtype before k.b (DV's A fragment),
+// dv2 is rounded before w^T.dv2 (WD's A fragment), and scale multiplies the fp32 QD
+// accumulator. Without g, DV's accumulator starts from dv^T itself (fp32), so the tensor
+// core adds dv: dv2's sum differs from fla's order only at fp32 rounding.
 //
 // Fragment geometry. An m64nNk16 accumulator element i = 4j + 2h + c of thread t (warp
 // w = t / 32, lane l) sits at row 16w + l/4 + 8h, column 8j + 2(l%4) + c (FragGeom in
@@ -34,28 +34,37 @@
 // two 16-bit values, register 4kb + m holding elements 8kb + 2m, 8kb + 2m + 1: the same
 // rows and columns. So an accumulator re-packed pairwise is the A fragment of the next
 // product whose K dim is its N (as FlashAttention-3 feeds P into P.V), and ldmatrix /
-// stmatrix x4 of one k-block move registers 4kb..4kb+3 (SmGeom below).
+// stmatrix x4 of one k-block move registers 4kb..4kb+3 (SmGeom below). Checked on the
+// CPU by scripts/layout_check_regstate.sh.
 //
-// The serial chain per chunk: bf16(b) -> DV -> dv2 -> WD -> bf16(b), two wgmma batches and
-// two short register epilogues; the fold of QD (issued one chunk ahead, in two halves
-// that fill the tensor pipe's gaps), the dh / dv2 stores and their barriers run while a
-// product is in flight. Pipeline and buffer reuse: docs/dhu_sm90_regstate_pipeline.md.
+// The serial chain per chunk: bf16(b) -> DV -> dv2 -> WD -> bf16(b): two wgmma batches and
+// two register epilogues. The tensor pipe runs DV_i, QD_{i+1}, WD_i back to back; the
+// fold of QD_i into b, QD_{i+1}'s issue, the dh store's staging and its barrier run while
+// DV_i is in flight, the dv2 staging, its barrier, the TMA stores and the next chunk's dv
+// loads while WD_i is. No wgmma group stays in flight across the loop's back edge: ptxas
+// serializes every wgmma of the kernel otherwise (C7514/C7518). Pipeline and buffer reuse:
+// docs/dhu_sm90_regstate_pipeline.md.
 //
 // Warp roles (as dhu_sm90.cu: NWG = 1: 160 threads; NWG = 2: 384, the producer a whole
 // warpgroup so that setmaxnreg can hand its registers to the consumers):
 //   warpgroup wg < NWG  consumers of V tile wg: all wgmma, the fp32 recurrence, the
 //                       epilogues, TMA stores (issued by the warpgroup's thread 0)
 //   next warp           producer: TMA loads of a stage (k, q, w, NWG do and dv tiles), then
-//                       the gate vectors computed from plain loads made one chunk ahead:
-//                       exp2(gk[e-1]) per K column, exp2(g[e-1] - g[t]), exp2(g[t]), exp2(g[e-1])
+//                       the gate vectors from plain loads made one chunk ahead (their DRAM
+//                       round trip off the stage's critical path): exp2(gk[e-1]) per K
+//                       column, exp2(g[e-1] - g[t]), exp2(g[t]), exp2(g[e-1])
 //
 // Operand majors (shared-memory tiles exactly as TMA wrote them, 128-byte swizzled):
 //   k     [t][k]  K/64 boxes of [64 t][64 k]  B of DV (N = t, K dim = k): K-major
 //   q, w  [t][k]  same bytes                  B of QD / WD (N = k, K dim = t): MN-major
-//   do,dv [t][v]  [64 t][64 v]                read with ldmatrix.trans into A-fragment order
-//   dv2   [t][v]  [64 t][64 v]                written with stmatrix.trans (TMA store source)
-//   sBh   [k][v]  [K rows k][64 v]            stmatrix.trans: the [K, V] dh checkpoint's box
+//   do    [t][v]  [64 t][64 v]                A of QD (M = v, K dim = t): MN-major
+//   dv    [t][v]  [64 t][64 v]                ldmatrix.trans into DV's accumulator order
+//   dv2   [t][v]  [64 t][64 v]                stmatrix.trans from WD's A fragment (TMA store source)
+//   sBh   [k][v]  [K rows k][64 v]            stmatrix.trans from DV's A fragment: the [K, V] dh box
 //         (SVF, state_v_first: [K/64 boxes][64 v][64 k], stmatrix: the [V, K] checkpoint's boxes)
+// Why: the register forms need A K-major in registers, which is the state's and dv2's
+// accumulator layout once the state is transposed (M = V); every B operand and QD's A
+// are the tiles as TMA loads them, so no operand is rewritten for the tensor core.
 #pragma once
 
 #include <cuda.h>
@@ -338,7 +347,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const int lane = tid - CONSUMERS;
     constexpr int KPL = K / 32;  // gk values per lane
     const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
-    const float* g_row = p.g + int64_t(b_row) * p.T * p.HV + hv;  // used with g only
+    const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
 
     // One chunk's gate inputs, loaded a chunk ahead of their use (their DRAM round trip
     // overlaps the producer's wait for the next free stage).
