@@ -12,19 +12,21 @@ What one case does (all in one process, on the same inputs):
    g = logsigmoid(N(0, 1)) / gate_normalizer fp32 (log-space, per key for KDA, per head
    for GDN), beta = sigmoid(N(0, 1)) bf16, initial_state ~ N(0, 1) fp32, all leaves with
    requires_grad; upstream gradients do ~ N(0, 1) bf16 and dht ~ N(0, 1) fp32 (the final
-   state is an output, so stage 4 gets a real dht). Varlen cases pack 32 documents of
-   log-normal lengths (sigma 1: many short ones, a long tail, lengths not multiples of
-   64) averaging 1024 tokens into B = 1, T = 32768.
+   state is an output, so stage 4 gets a real dht). Varlen cases pack documents whose
+   lengths are drawn uniformly from 256-1792 tokens (fixed seed; ``varlen_lengths``) into
+   B = 1, T = 32768, as a pretraining step packs them; fla's backward then hands stage 4
+   its chunk_indices (cached from the forward).
 2. Gradient check: one forward, then backward (torch.autograd.grad, retain_graph) with
    kda-dhu off (FLA_KDA_DHU=0), on (unset), and off again, on the same graph. Every
    input's gradient (q, k, v, g, beta, initial_state) is compared on vs off by relative
    L2 error; off vs off-again gives fla's own run-to-run noise. Fails above --tol (2e-2,
    bf16). Done for each --check-normalizers value (1: fla's gates, the strong decay of
    its tests; 16: slow decay, so the state gradient carries across many chunks).
-   Kernel routing is checked at the same time: a temporary wrapper around
-   kda_dhu._dispatch._run_kernel counts kernel launches and one around
-   kda_dhu._dispatch.plan_call records the backend verifier's verdicts; on must launch
-   the kernel once per stage-4 call, off never.
+   Kernel routing is checked at the same time: kda_dhu.testing.KernelProbe counts kda-dhu's
+   kernel launches (kda_dhu._core.launch_count(): every route, the one-crossing path
+   included) and records the backend verifier's verdicts (kda_dhu._dispatch.verify); on
+   must launch the kernel once per stage-4 call, off never. The timed backwards are
+   counted too ("kernel_launches_timed").
 3. Timing: CUDA events around the forward (with autograd recording, as in training)
    and around the whole backward (autograd.grad on one retained graph), the two modes
    alternating iteration by iteration (order swapped every iteration), no
@@ -39,12 +41,24 @@ backward off and on; fla then passes stage 4 fixed-size chunk tables (chunk_indi
 nt_max rows). A failure with kda-dhu on where fla runs counts as a failed check.
 
 GDN (fla.ops.gated_delta_rule.chunk_gated_delta_rule) runs only where fla runs its
-backward: fla 0.6.0 refuses it on Hopper with Triton >= 3.4 and < 3.7.1 (its issue
-#640); a small probe detects that and the GDN cases are skipped with the reason.
+backward: fla 0.6.0 refuses gated chunk_bwd_dqkwg on Hopper with Triton >= 3.4 and
+< 3.7.1 (RuntimeError, its issue 640). ``gdn_backward_refusal`` asks that function itself
+on tiny tensors (it refuses before compiling anything), else runs a small GDN forward and
+backward; a refused GDN case is recorded as a row note ("skipped") with fla's words.
 
-Exit status: 0 all checks passed; 1 a gradient error over --tol, a non-finite
-gradient, the kernel not running with the backend on (or running with it off), or a
-case that raised; 2 no usable GPU / kda-dhu extension.
+Targets (the record's "targets", from the measurement that set them, main at 68fc16f):
+the varlen KDA case's stage 4 at least 1.25x and its backward at least 1.005x faster with
+kda-dhu on; the dense case not worse than then (backward 15.55 -> 15.33 ms, 1.014x, less
+0.5%; stage 4 0.778 -> 0.549 ms, 1.417x, less 5%: ratios, since absolute times move from
+machine to machine; the run-to-run spread of stage 4's ratio was 3%). The last line
+printed is "targets: M of N met".
+
+Each case's row is also written to DIR/e2e-partial.json as it finishes (removed when the
+run completes), so a run cut short leaves what it measured.
+
+Exit status: 0 all checks passed and every target met; 1 a gradient error over --tol, a
+non-finite gradient, the kernel not running with the backend on (or running with it off),
+a case that raised, or a target missed; 2 no usable GPU / kda-dhu extension.
 """
 
 from __future__ import annotations
@@ -71,13 +85,30 @@ MODES = ("fla", "kda_dhu")  # FLA_KDA_DHU=0, unset
 DEVICE = "cuda"
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
-# name -> op, shape; varlen = mean document length (None: dense)
+# name -> op, shape; varlen = (shortest, longest) document length (None: dense)
+VARLEN_RANGE = (256, 1792)
 CASES = {
     "kda_b8_t4096_h32": dict(op="kda", B=8, T=4096, H=32, HV=32, K=128, V=128, varlen=None),
-    "kda_varlen_t32768_h32_avg1k": dict(op="kda", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=1024),
+    "kda_varlen_t32768_h32": dict(op="kda", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=VARLEN_RANGE),
     "gdn_b8_t4096_h32": dict(op="gdn", B=8, T=4096, H=32, HV=32, K=128, V=128, varlen=None),
-    "gdn_varlen_t32768_h32_avg1k": dict(op="gdn", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=1024),
+    "gdn_varlen_t32768_h32": dict(op="gdn", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=VARLEN_RANGE),
 }
+
+# The measurement the targets come from (fla 0.6.0, torch 2.11, H200, main at 68fc16f),
+# medians in ms, fla / kda-dhu.
+BEFORE = {
+    "kda_b8_t4096_h32": {
+        "bwd_ms": {"fla": 15.55, "kda_dhu": 15.33},
+        "stage4_ms": {"fla": 0.778, "kda_dhu": 0.549},
+    },
+    "kda_varlen_t32768_h32": {
+        "bwd_ms": {"fla": 16.12, "kda_dhu": 16.21},
+        "stage4_ms": {"fla": 0.739, "kda_dhu": 0.864},
+    },
+}
+VARLEN_TARGETS = {"stage4_speedup": 1.25, "bwd_speedup": 1.005}
+# "Not worse than before" for the dense case: the ratio then, less this fraction.
+DENSE_SLACK = {"bwd_speedup": 0.005, "stage4_speedup": 0.05}
 
 # the module whose global STAGE4 the op's backward calls
 BACKWARD_MODULE = {"kda": "fla.ops.kda.chunk_bwd", "gdn": "fla.ops.gated_delta_rule.chunk"}
@@ -86,18 +117,26 @@ BACKWARD_MODULE = {"kda": "fla.ops.kda.chunk_bwd", "gdn": "fla.ops.gated_delta_r
 # ----------------------------------------------------------------------------- inputs
 
 
-def varlen_lengths(T: int, mean: int = 1024, sigma: float = 1.0, seed: int = 0) -> list:
-    """T // mean document lengths summing to T (so averaging ``mean``), skewed like real
-    documents: log-normal weights (sigma in log space) scaled to T, each at least 1
-    (reproducible)."""
-    import torch
+def varlen_lengths(T: int, lo: int = VARLEN_RANGE[0], hi: int = VARLEN_RANGE[1], seed: int = 0) -> list:
+    """Document lengths drawn uniformly from [lo, hi] (Python's random, ``seed``) until they
+    reach T, then the excess taken off the last ones (none below lo): every length in
+    [lo, hi], summing to T, the same for a seed on every machine."""
+    import random
 
-    n = max(1, T // mean)
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.empty(n, dtype=torch.float64).log_normal_(0.0, sigma, generator=gen)
-    lens = (w / w.sum() * T).floor().long().clamp(min=1)
-    lens[int(lens.argmax())] += T - int(lens.sum())  # the rounding remainder
-    return lens.tolist()
+    if not 1 <= lo <= hi or T < lo:
+        raise ValueError(f"varlen_lengths: need 1 <= lo <= hi and T >= lo (T={T}, lo={lo}, hi={hi})")
+    rng = random.Random(seed)
+    lens = []
+    while sum(lens) < T:
+        lens.append(rng.randint(lo, hi))
+    excess = sum(lens) - T
+    for i in reversed(range(len(lens))):
+        cut = min(excess, lens[i] - lo)
+        lens[i] -= cut
+        excess -= cut
+    if excess:  # pragma: no cover - T >= lo makes this impossible
+        raise AssertionError("varlen_lengths: could not fit the lengths to T")
+    return lens
 
 
 def make_inputs(case: dict, seed: int = 0, gate_normalizer: float = 1.0, device=None):
@@ -111,7 +150,7 @@ def make_inputs(case: dict, seed: int = 0, gate_normalizer: float = 1.0, device=
     B, T, H, HV, K, V = (case[k] for k in ("B", "T", "H", "HV", "K", "V"))
     device = DEVICE if device is None else device
     dtype = torch.bfloat16
-    lengths = varlen_lengths(T, case["varlen"], seed=seed) if case["varlen"] else None
+    lengths = varlen_lengths(T, *case["varlen"], seed=seed) if case["varlen"] else None
     N = B if lengths is None else len(lengths)
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -235,13 +274,15 @@ class LogCapture(logging.Handler):
 # ----------------------------------------------------------------------------- measurement
 
 
-def alternate(fn, warmup: int, reps: int, on_mode=None) -> dict:
+def alternate(fn, warmup: int, reps: int, on_mode=None, count=None) -> dict:
     """Median CUDA-event ms of fn() per mode, modes alternating (order swapped every
     iteration); events are read after one synchronization at the end. on_mode(mode,
-    timed) is called before each call."""
+    timed) is called before each call. ``count``: a counter read around each timed call
+    (kernel launches: counted on the host when issued), summed per mode as "count"."""
     import torch
 
     events = {m: [] for m in MODES}
+    counted = {m: 0 for m in MODES}
     for i in range(warmup + reps):
         for mode in MODES if i % 2 == 0 else MODES[::-1]:
             set_mode(mode)
@@ -249,16 +290,21 @@ def alternate(fn, warmup: int, reps: int, on_mode=None) -> dict:
                 on_mode(mode, i >= warmup)
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            before = count() if count is not None else 0
             start.record()
             fn()
             end.record()
             if i >= warmup:
                 events[mode].append((start, end))
+                if count is not None:
+                    counted[mode] += count() - before
     torch.cuda.synchronize()
     out = {}
     for mode, pairs in events.items():
         t = [s.elapsed_time(e) for s, e in pairs]
         out[mode] = {"median": statistics.median(t), "min": min(t), "max": max(t)}
+        if count is not None:
+            out[mode]["count"] = counted[mode]
     return out
 
 
@@ -343,7 +389,7 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
         fwd_ms = alternate(lambda: fwd(), args.warmup, args.reps)
         o, ht = fwd()
         bwd = functools.partial(torch.autograd.grad, (o, ht), leaves, grads_out, retain_graph=True)
-        bwd_ms = alternate(bwd, args.warmup, args.reps)
+        bwd_ms = alternate(bwd, args.warmup, args.reps, count=lambda: probe.launches)
         stage4 = None
         if not args.no_stage4:
             spy.reset()
@@ -374,6 +420,11 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
             "stage4_share_of_bwd": (
                 {m: stage4[m] / b[m] for m in MODES if stage4[m] is not None} if stage4 else None
             ),
+            "stage4_speedup": (
+                stage4["fla"] / stage4["kda_dhu"] if stage4 and stage4["fla"] and stage4["kda_dhu"] else None
+            ),
+            "kernel_launches_timed": {m: bwd_ms[m]["count"] for m in MODES},
+            "timed_backwards": args.reps,
             "grad_checks": checks,
             "max_grad_rel_err": max(v for c in checks for v in c["rel_err"].values()),
             "max_fla_repeat_rel_err": max(v for c in checks for v in c["fla_repeat_rel_err"].values()),
@@ -406,16 +457,96 @@ def case_failures(row: dict, tol: float) -> list:
                 f"{where}: kda-dhu's kernel ran {la['kda_dhu']} times for {calls['kda_dhu']} "
                 f"stage-4 calls with the backend on; verdicts: {c['verdicts']['kda_dhu']}"
             )
+    timed = row.get("kernel_launches_timed")
+    if timed is not None:
+        per_bwd = row["grad_checks"][0]["stage4_calls"]["kda_dhu"] if row["grad_checks"] else 1
+        if timed["fla"]:
+            out.append(
+                f"{row['case']}: {timed['fla']} kernel launches in the timed backwards with {BACKEND_ENV}=0"
+            )
+        if timed["kda_dhu"] != per_bwd * row["timed_backwards"]:
+            out.append(
+                f"{row['case']}: {timed['kda_dhu']} kernel launches in {row['timed_backwards']} timed backwards "
+                f"with the backend on ({per_bwd} stage-4 call(s) each)"
+            )
+    return out
+
+
+def targets(rows: list) -> list:
+    """The record's targets (see the module's docstring) for the rows measured: each
+    {"case", "what", "value", "limit", "ok"}; a value that could not be measured is None
+    (ok None)."""
+    out = []
+    by_case = {r["case"]: r for r in rows}
+
+    def add(case, what, value, limit):
+        out.append(
+            {"case": case, "what": what, "value": value, "limit": limit,
+             "ok": None if value is None else bool(value >= limit)}
+        )  # fmt: skip
+
+    if "kda_varlen_t32768_h32" in by_case:
+        r = by_case["kda_varlen_t32768_h32"]
+        add(r["case"], "stage-4 speedup (fla ms / kda-dhu ms) >= 1.25", r.get("stage4_speedup"),
+            VARLEN_TARGETS["stage4_speedup"])  # fmt: skip
+        add(r["case"], "backward speedup >= 1.005", r.get("bwd_speedup"), VARLEN_TARGETS["bwd_speedup"])
+    if "kda_b8_t4096_h32" in by_case:
+        r = by_case["kda_b8_t4096_h32"]
+        before = BEFORE[r["case"]]
+        for key, ms in (("bwd_speedup", "bwd_ms"), ("stage4_speedup", "stage4_ms")):
+            then = before[ms]["fla"] / before[ms]["kda_dhu"]
+            limit = then * (1 - DENSE_SLACK[key])
+            add(r["case"], f"{key} not worse than before ({then:.3f}x, less {DENSE_SLACK[key]:.1%})", r.get(key),
+                limit)  # fmt: skip
     return out
 
 
 # ----------------------------------------------------------------------------- GDN probe, report
 
 
+def _dqkwg_refusal():
+    """fla's gated chunk_bwd_dqkwg (GDN's backward calls it after stage 4) on tiny tensors:
+    None if it runs, its RuntimeError's words if it refuses (fla 0.6 refuses on Hopper with
+    Triton >= 3.4, < 3.7.1 before compiling anything); raises anything else (another fla's
+    signature: the caller then runs the whole op)."""
+    import torch
+    from fla.ops.common.chunk_o import chunk_bwd_dqkwg
+
+    B, T, H, K, V = 1, 64, 1, 64, 64
+    dev = DEVICE
+    bf = dict(device=dev, dtype=torch.bfloat16)
+    q, k, do = (torch.randn(B, T, H, K, **bf) for _ in range(3))
+    v = torch.randn(B, T, H, V, **bf)
+    h = torch.randn(B, 1, H, K, V, **bf)
+    dh = torch.randn(B, 1, H, K, V, **bf)
+    g = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
+    try:
+        chunk_bwd_dqkwg(q=q, k=k, v=v, do=do, h=h, dh=dh, g=g, scale=K**-0.5)
+        if q.is_cuda:
+            torch.cuda.synchronize()
+    except RuntimeError as err:
+        return f"RuntimeError: {err}"
+    return None
+
+
 def gdn_backward_refusal():
-    """None if fla runs GDN's backward here, else the reason (fla's own error)."""
+    """None if fla runs GDN's backward here, else the reason (fla's own error): fla's
+    refusing function asked first (``_dqkwg_refusal``), else a small forward + backward."""
     import torch
 
+    try:
+        reason = _dqkwg_refusal()
+    except Exception:  # noqa: BLE001 - not this fla's signature: run the op below
+        pass
+    else:
+        if reason is not None:
+            try:
+                import triton
+
+                reason += f" (Triton {triton.__version__}, {torch.cuda.get_device_name()})"
+            except Exception:  # noqa: BLE001
+                pass
+        return reason
     case = dict(op="gdn", B=1, T=128, H=2, HV=2, K=128, V=128, varlen=None)
     x, grads_out, _, _, _ = make_inputs(case, seed=0)
     set_mode("fla")
@@ -442,7 +573,7 @@ def graph_mode_probe(args, probe: KernelProbe) -> dict:
     nt_max rows, sentinels past the real chunks). Backward off and on; errors recorded."""
     import torch
 
-    case = dict(op="kda", B=1, T=4096, H=4, HV=4, K=128, V=128, varlen=300)
+    case = dict(op="kda", B=1, T=4096, H=4, HV=4, K=128, V=128, varlen=(150, 450))
     x, (do, _), cu, cu_cpu, lengths = make_inputs(case, seed=args.seed)
     pad = 2
     n_max = len(lengths) + pad
@@ -490,9 +621,9 @@ def markdown_table(record: dict) -> str:
     )
     lines = [
         "| case | fwd ms fla | fwd ms kda-dhu | bwd ms fla | bwd ms kda-dhu | bwd speedup "
-        "| fwd+bwd speedup | stage4 ms fla | stage4 ms kda-dhu | stage4 share (fla) "
+        "| fwd+bwd speedup | stage4 ms fla | stage4 ms kda-dhu | stage4 speedup | stage4 share (fla) "
         "| max grad err (fla repeat) | kernel launches on / off |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["rows"]:
         s4 = r.get("stage4_ms") or {}
@@ -500,16 +631,26 @@ def markdown_table(record: dict) -> str:
         launches = " ; ".join(
             f"{c['kernel_launches']['kda_dhu']} / {c['kernel_launches']['fla']}" for c in r["grad_checks"]
         )
+        timed = r.get("kernel_launches_timed")
+        if timed:
+            launches += f" ; {r['timed_backwards']} timed: {timed['kda_dhu']} / {timed['fla']}"
+        s4x = s4["fla"] / s4["kda_dhu"] if s4.get("fla") and s4.get("kda_dhu") else None
         lines.append(
             f"| {r['case']} | {r['fwd_ms']['fla']:.3f} | {r['fwd_ms']['kda_dhu']:.3f} "
             f"| {r['bwd_ms']['fla']:.3f} | {r['bwd_ms']['kda_dhu']:.3f} | {r['bwd_speedup']:.3f}x "
             f"| {r['fwd_bwd_speedup']:.3f}x | {_fmt(s4.get('fla'))} | {_fmt(s4.get('kda_dhu'))} "
-            f"| {_fmt(share, '.1%')} | {r['max_grad_rel_err']:.1e} ({r['max_fla_repeat_rel_err']:.1e}) "
+            f"| {_fmt(s4x)}x | {_fmt(share, '.1%')} | {r['max_grad_rel_err']:.1e} ({r['max_fla_repeat_rel_err']:.1e}) "
             f"| {launches} |"
         )
     for s in record.get("skipped", []):
-        lines.append(f"| {s['case']} | skipped: {s['reason']} |" + " |" * 10)
-    return head + "\n".join(lines) + "\n"
+        lines.append(f"| {s['case']} | not run: {s['reason']} |" + " |" * 11)
+    out = head + "\n".join(lines) + "\n"
+    if record.get("targets"):
+        out += "\n| target | case | value | limit | met |\n|---|---|---|---|---|\n"
+        for t in record["targets"]:
+            met = "-" if t["ok"] is None else ("yes" if t["ok"] else "**no**")
+            out += f"| {t['what']} | {t['case']} | {_fmt(t['value'])} | {t['limit']:.3f} | {met} |\n"
+    return out
 
 
 def print_checks(row: dict) -> None:
@@ -530,6 +671,41 @@ def print_checks(row: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def build_record(meta: dict, args, log_lines: list, rows: list, skipped: list, graph, failures: list,
+                 t_start: float) -> dict:  # fmt: skip
+    """The run's record: meta (GPU, versions, commit), settings, rows, targets."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        **meta,
+        "what": (
+            "fla chunk_kda (and GDN where fla runs its backward) forward and backward, "
+            f"use_qk_l2norm_in_kernel=True, bf16, output_final_state=True; kda-dhu's fla backend "
+            f"off ({BACKEND_ENV}=0, 'fla') vs on (unset, 'kda_dhu'), same process, alternating; "
+            "medians of CUDA events; bwd = torch.autograd.grad on a retained graph; stage4 = "
+            "chunk_gated_delta_rule_bwd_dhu timed with CUDA events inside the backward; kernel "
+            "launches counted by kda_dhu._core.launch_count()"
+        ),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "settings": {
+            "reps": args.reps,
+            "warmup": args.warmup,
+            "stage4_reps": args.stage4_reps,
+            "check_normalizers": args.check_normalizers,
+            "tol": args.tol,
+            "seed": args.seed,
+            "varlen_range": list(VARLEN_RANGE),
+        },
+        "fla_backend_log": log_lines,
+        "rows": rows,
+        "skipped": skipped,
+        "graph_probe": graph,
+        "before": BEFORE,
+        "targets": targets(rows),
+        "failures": failures,
+        "total_s": time.time() - t_start,
+    }
 
 
 def _floats(text: str) -> list:
@@ -650,6 +826,16 @@ def main(argv=None) -> int:
     if fla_log.getEffectiveLevel() > logging.INFO:
         fla_log.setLevel(logging.INFO)
 
+    meta = {
+        "gpu": gpu,
+        "fla_version": fla.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "kda_dhu_version": kda_dhu.__version__,
+        "kda_dhu_commit": commit,
+    }
+    partial = os.path.join(args.out, "e2e-partial.json") if args.out else ""
     t_start = time.time()
     rows, skipped, failures = [], [], []
     with restored_backend(), KernelProbe() as probe:
@@ -661,7 +847,7 @@ def main(argv=None) -> int:
                     + (
                         reason
                         if args.no_gdn
-                        else f"fla's chunk_gated_delta_rule forward + backward probe failed: {reason}"
+                        else f"fla refuses chunk_gated_delta_rule's backward here: {reason}"
                     ),
                     flush=True,
                 )
@@ -698,6 +884,15 @@ def main(argv=None) -> int:
                     f"max {sl['max']} mean {sl['mean']:.0f}"
                 )
             print_checks(row)
+            if partial:  # the rows so far, should the run be cut short (never e2e-latest.json)
+                os.makedirs(args.out, exist_ok=True)
+                with open(partial, "w") as f:
+                    json.dump(
+                        {**build_record(meta, args, capture.lines, rows, skipped, None, failures, t_start),
+                         "complete": False},
+                        f,
+                        indent=1,
+                    )  # fmt: skip
         graph = None
         if args.graph_probe:
             try:
@@ -716,51 +911,27 @@ def main(argv=None) -> int:
     fla_log.removeHandler(capture)
     fla_log.setLevel(old_level)
 
-    record = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": gpu,
-        "fla_version": fla.__version__,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": triton_version,
-        "kda_dhu_version": kda_dhu.__version__,
-        "kda_dhu_commit": commit,
-        "what": (
-            "fla chunk_kda (and GDN where fla runs its backward) forward and backward, "
-            f"use_qk_l2norm_in_kernel=True, bf16, output_final_state=True; kda-dhu's fla backend "
-            f"off ({BACKEND_ENV}=0, 'fla') vs on (unset, 'kda_dhu'), same process, alternating; "
-            "medians of CUDA events; bwd = torch.autograd.grad on a retained graph; stage4 = "
-            "chunk_gated_delta_rule_bwd_dhu timed with CUDA events inside the backward"
-        ),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "settings": {
-            "reps": args.reps,
-            "warmup": args.warmup,
-            "stage4_reps": args.stage4_reps,
-            "check_normalizers": args.check_normalizers,
-            "tol": args.tol,
-            "seed": args.seed,
-        },
-        "fla_backend_log": capture.lines,
-        "rows": rows,
-        "skipped": skipped,
-        "graph_probe": graph,
-        "failures": failures,
-        "total_s": time.time() - t_start,
-    }
+    record = build_record(meta, args, capture.lines, rows, skipped, graph, failures, t_start)
     print()
     if rows or skipped:
         print(markdown_table(record), end="")
     for line in capture.lines:
         print(f"fla log: {line}")
     if args.out:
-        write_record(record, args.out, markdown_table(record), prefix="e2e-")
+        write_record(record, args.out, markdown_table(record), prefix="e2e-", with_commit=True)
+        if os.path.exists(partial):
+            os.remove(partial)
         print(f"wrote {args.out}/e2e-latest.json")
     print(f"total {record['total_s']:.0f} s")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
-        return 1
-    return 0
+    met = [t for t in record["targets"] if t["ok"]]
+    for t in record["targets"]:
+        if not t["ok"]:
+            print(f"target {'MISSED' if t['ok'] is False else 'not measured'}: {t['case']}: {t['what']}: "
+                  f"{_fmt(t['value'])} (limit {t['limit']:.3f})")  # fmt: skip
+    print(f"targets: {len(met)} of {len(record['targets'])} met")
+    return 1 if failures or len(met) < len(record["targets"]) else 0
 
 
 if __name__ == "__main__":

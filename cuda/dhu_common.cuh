@@ -193,6 +193,8 @@ __device__ __forceinline__ void report_input_error(const DhuParams& p, uint32_t 
   e->seq = seq;
   e->a = a;
   e->b = b;
+  e->T = p.T;
+  e->NT = p.NT;
   __threadfence_system();
   atomicExch(&e->code, code);
   __threadfence_system();

@@ -58,6 +58,8 @@ struct DhuError {
   int64_t seq;
   int64_t a;
   int64_t b;
+  int64_t T;       // the failing call's T and NT, for the message
+  int64_t NT;
 };
 
 struct alignas(128) DhuParams {

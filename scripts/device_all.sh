@@ -21,6 +21,7 @@ export PYTHONPATH=/tmp/site
 export KDA_DHU_COMMIT=$(cat .carry/COMMIT 2>/dev/null || echo unknown)
 export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
 [ -f .carry/triton_cache.tgz ] && tar xzf .carry/triton_cache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null
+[ -f .carry/triton_cache.tar.xz ] && tar xJf .carry/triton_cache.tar.xz -C "$TRITON_CACHE_DIR" 2>/dev/null
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c "import torch, fla, kda_dhu; print('torch', torch.__version__, 'fla', fla.__version__, 'kda_dhu', kda_dhu.cuda_status())"
 rc=0
@@ -37,7 +38,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     pids+=($!)
   done
   if [ -z "${SKIP_SAN:-}" ]; then
-    OUT=$RES SAN_TIMEOUT=$(( ${PHASE1_TIMEOUT:-330} / 3 - 5 )) timeout "${PHASE1_TIMEOUT:-330}" bash scripts/sanitize.sh > "$RES/sanitize.log" 2>&1 &
+    OUT=$RES SKIP_INSTALL=1 SAN_TIMEOUT=$(( ${PHASE1_TIMEOUT:-330} / 3 - 5 )) timeout "${PHASE1_TIMEOUT:-330}" bash scripts/sanitize.sh > "$RES/sanitize.log" 2>&1 &
     san=$!
   fi
   # On a machine of two GPUs: the end-to-end run (on cuda:1, E2E=1) and fla's context-

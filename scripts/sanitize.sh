@@ -9,14 +9,16 @@
 # Environment: SAN_TIMEOUT seconds per tool (default 170: the three fit one 600 s call),
 # SAN_API_ERRORS (default "no": torch's and the CUDA loader's probing API errors are
 # noise; "explicit" / "all" to see them), SAN_EXTRA extra compute-sanitizer flags,
-# SAN_CASES comma-separated driver cases. Logs: $OUT/sanitize_<tool>.log.
+# SAN_CASES comma-separated driver cases, SKIP_INSTALL=1 to use /tmp/site as it is.
+# Logs: $OUT/sanitize_<tool>.log.
 # Exit status: 0 when every tool is clean and the driver's checks passed, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 
-if compgen -G ".carry/*.whl" >/dev/null; then
+# SKIP_INSTALL=1: the caller installed the wheels and may be running from /tmp/site now.
+if [ -z "${SKIP_INSTALL:-}" ] && compgen -G ".carry/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl || exit 1
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site

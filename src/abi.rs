@@ -25,6 +25,9 @@ pub struct DhuError {
     pub seq: i64,
     pub a: i64,
     pub b: i64,
+    /// The failing call's T and NT (the message quotes them).
+    pub t: i64,
+    pub nt: i64,
 }
 
 #[repr(C, align(128))]
@@ -210,7 +213,7 @@ mod tests {
         );
         src.push_str(
             "  printf(\" %zu %zu %zu %zu %zu\", sizeof(kda_dhu::DhuError), offsetof(kda_dhu::DhuError, code), \
-             offsetof(kda_dhu::DhuError, claim), offsetof(kda_dhu::DhuError, seq), offsetof(kda_dhu::DhuError, b));\n",
+             offsetof(kda_dhu::DhuError, claim), offsetof(kda_dhu::DhuError, seq), offsetof(kda_dhu::DhuError, NT));\n",
         );
         src.push_str(
             "  printf(\" %u %u %u %u %u\", (unsigned)kda_dhu::DHU_ERR_FIRST_OFFSET, (unsigned)kda_dhu::DHU_ERR_DECREASING, \
@@ -248,7 +251,7 @@ mod tests {
             &nums[flags..flags + 7],
             &[FLAG_G, FLAG_GK, FLAG_DHT, FLAG_DH0, FLAG_VARLEN, FLAG_CU_I32, FLAG_OFFSETS_I32].map(|f| f as usize)
         );
-        let e = std::mem::offset_of!(DhuError, b);
+        let e = std::mem::offset_of!(DhuError, nt);
         assert_eq!(&nums[flags + 7..flags + 12], &[std::mem::size_of::<DhuError>(), 0, 4, 8, e], "DhuError layout");
         use crate::varlen::*;
         assert_eq!(

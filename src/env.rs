@@ -8,6 +8,8 @@
 //! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
 //! | `KDA_DHU_SM90_VARIANT` | `regstate`, `smem` | Hopper kernel: `regstate` runs the register-state variant (cuda/dhu_sm90_regstate.cuh) on every sm_90a call; `smem` or unset, the default kernel (measurements) |
+//! | `KDA_DHU_SM100` | `check`, `wait`, `on`, `off` | Blackwell kernel (python/kda_dhu/_selfcheck.py): unset or `check`, each shape signature runs fla until a check in a child process passed it (in the background); `wait`, the signature's first call waits for that verdict; `on`, the kernel runs unchecked; `off`, never |
+//! | `KDA_DHU_CACHE_DIR` | a folder | where the Blackwell kernel's check keeps its verdicts (else `$XDG_CACHE_HOME/kda_dhu`, else `~/.cache/kda_dhu`): a path, so read as it is (not lower-cased) by python/kda_dhu/_selfcheck_cache.py, not here |
 //! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
 //! | `KDA_DHU_NO_AUTOREGISTER` | `1` | do not register kda-dhu in fla's backend registry on import |
 //! | `FLA_KDA_DHU` | `0` | fla's own switch of this backend (read by fla) |
@@ -25,6 +27,7 @@ pub const FORCE: &str = "KDA_DHU_FORCE";
 pub const CHECK_INPUTS: &str = "KDA_DHU_CHECK_INPUTS";
 pub const SM90_NWG: &str = "KDA_DHU_SM90_NWG";
 pub const SM90_VARIANT: &str = "KDA_DHU_SM90_VARIANT";
+pub const SM100: &str = "KDA_DHU_SM100";
 pub const NO_EXCHANGE_API: &str = "KDA_DHU_NO_EXCHANGE_API";
 pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
 
@@ -34,6 +37,7 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (CHECK_INPUTS, "1: check packed-batch tables on the host before each call (synchronizes)"),
     (SM90_NWG, "1|2: Hopper kernel's consumer warpgroups per CTA (measurements)"),
     (SM90_VARIANT, "regstate|smem: Hopper kernel variant, smem (the default) until regstate is measured"),
+    (SM100, "check|wait|on|off: the Blackwell kernel's check in a child process (on: unchecked, off: never)"),
     (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
 ];

@@ -345,7 +345,7 @@ impl DeviceState {
     /// A bad packed batch found on the device since the last look (no synchronization:
     /// what kernels still running find is reported later), as the host check words it,
     /// and the record cleared.
-    fn take_input_error(&self, t: i64, nt: i64) -> Option<Error> {
+    fn take_input_error(&self) -> Option<Error> {
         let rec = self.errors.get()?.as_ref().ok()?;
         let p = rec.host.0;
         // SAFETY: p is the live host-mapped record; the kernels write it with atomics
@@ -359,6 +359,8 @@ impl DeviceState {
             let seq = std::ptr::read_volatile(std::ptr::addr_of!((*p).seq));
             let a = std::ptr::read_volatile(std::ptr::addr_of!((*p).a));
             let b = std::ptr::read_volatile(std::ptr::addr_of!((*p).b));
+            let t = std::ptr::read_volatile(std::ptr::addr_of!((*p).t));
+            let nt = std::ptr::read_volatile(std::ptr::addr_of!((*p).nt));
             std::ptr::write_volatile(p, DhuError::default());
             let e = match Fault::from_device(code, seq, a, b) {
                 Some(f) => f.to_error(t, nt),
@@ -380,10 +382,10 @@ impl DeviceState {
 }
 
 /// Raises (once) a bad packed batch that a kernel on cuda:`ordinal` found since the last
-/// look. `t`, `nt`: the sizes the message quotes (those of the call that looks). Does not
-/// synchronize: call after the device is synchronized to see every finished launch.
-pub fn check_input_errors(ordinal: i32, t: i64, nt: i64) -> Result<()> {
-    match device(ordinal)?.take_input_error(t, nt) {
+/// look. Does not synchronize: call after the device is synchronized to see every
+/// finished launch.
+pub fn check_input_errors(ordinal: i32) -> Result<()> {
+    match device(ordinal)?.take_input_error() {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -448,7 +450,7 @@ impl Prepared {
         let desc = validate(&args, true)?;
         let ordinal = validated_ordinal(&desc)?;
         let info = device_info(ordinal)?;
-        check_input_errors(ordinal, desc.dims.t, desc.nt.unwrap_or(-1))?;
+        check_input_errors(ordinal)?;
         Ok(Prepared::with_info(args, desc, info, rule))
     }
 

@@ -661,7 +661,7 @@ fn check_tables(cu_seqlens: Vec<i64>, t: i64, chunk_offsets: Option<Vec<i64>>, n
 /// found since the last look, once. Does not synchronize.
 #[pyfunction]
 fn check_input_errors(ordinal: i32) -> PyResult<()> {
-    guard(|| launch::check_input_errors(ordinal, -1, -1))
+    guard(|| launch::check_input_errors(ordinal))
 }
 
 /// KDA_DHU_FORCE: None, "kernel" or "fla"; raises ValueError for another value.
@@ -690,6 +690,22 @@ fn switch(name: &str) -> PyResult<Option<String>> {
             return Err(Error::value("name", format!("expected one of kda-dhu's switches (src/env.rs), got {name:?}")));
         }
         Ok(env::value(name))
+    })
+}
+
+/// The Extended rule's measured clauses on cuda:`ordinal`:
+/// [(name, when, measured on, record, what it means on this GPU)].
+/// (name, when, measured on, record, note) of one measured clause.
+type PolicyRow = (&'static str, &'static str, &'static str, &'static str, String);
+
+#[pyfunction]
+fn policy(ordinal: i32) -> PyResult<Vec<PolicyRow>> {
+    guard(|| {
+        let dev = launch::device_info(ordinal)?;
+        Ok(plan::policy_notes(&dev)
+            .into_iter()
+            .map(|(c, note)| (c.name, c.when, c.measured_on, c.record, note))
+            .collect())
     })
 }
 
@@ -760,6 +776,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(force, m)?)?;
     m.add_function(wrap_pyfunction!(switches, m)?)?;
     m.add_function(wrap_pyfunction!(switch, m)?)?;
+    m.add_function(wrap_pyfunction!(policy, m)?)?;
     m.add_function(wrap_pyfunction!(launch_count, m)?)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;

@@ -33,6 +33,59 @@ pub const MIN_CTAS_EXTENDED: i64 = 1;
 /// c99b8b5, kernel forced, same run as fla): 64 CTAs lose at 18 chunks (b8_t1096_h4_tail,
 /// 0.79x) and at 1024 (b1_t65536_h32, 0.86x); below 16 chunks nothing was measured.
 pub const LONG_SEQUENCE_CHUNKS: i64 = 16;
+/// One measured clause of the Extended rule on Hopper: a kind of call where the kernel
+/// measured slower than fla, stated in what it depends on (CTAs per wave, which is the SM
+/// count, and chunks per sequence), with the GPU and the record it was measured on. On a
+/// GPU of another SM count the clause is applied as measured, and `--doctor` says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyClause {
+    pub name: &'static str,
+    /// When the clause sends a call to fla.
+    pub when: &'static str,
+    /// The GPU it was measured on, and that GPU's SM count.
+    pub measured_on: &'static str,
+    pub measured_sms: i32,
+    /// The record of the measurement (kernel forced, same run as fla).
+    pub record: &'static str,
+}
+
+/// The Extended rule's measured clauses, in the order they are checked.
+pub const POLICY: [PolicyClause; 2] = [
+    PolicyClause {
+        name: "half-wave",
+        when: "dense, N*HV*V/64 CTAs <= SMs / 2 (half a wave of one CTA per SM), >= 16 chunks per sequence",
+        measured_on: "NVIDIA H200",
+        measured_sms: 132,
+        record: "benches/results/2026-11-30-NVIDIA_H200-forced-c99b8b5.json",
+    },
+    PolicyClause {
+        name: "gva-below-wave",
+        when: "GVA (H < HV), N*HV*V/64 CTAs < SMs (below one wave)",
+        measured_on: "NVIDIA H200",
+        measured_sms: 132,
+        record: "benches/results/2026-11-30-NVIDIA_H200-forced-c99b8b5.json",
+    },
+];
+
+/// Each clause of `POLICY` with what it means on `dev`: whether it was measured on a GPU of
+/// this SM count.
+pub fn policy_notes(dev: &DeviceInfo) -> Vec<(PolicyClause, String)> {
+    POLICY
+        .iter()
+        .map(|c| {
+            let note = if c.measured_sms == dev.sm_count {
+                format!("measured on {} ({} SMs), the SM count of this GPU", c.measured_on, c.measured_sms)
+            } else {
+                format!(
+                    "not measured on a GPU of {} SMs: applied as measured on {} ({} SMs)",
+                    dev.sm_count, c.measured_on, c.measured_sms
+                )
+            };
+            (*c, note)
+        })
+        .collect()
+}
+
 /// CUDA grid limits on gridDim.y (HV) and gridDim.z (N).
 pub const MAX_GRID_YZ: i64 = 65535;
 /// Threads per CTA of the Hopper kernel (one producer warp + one consumer warpgroup).
@@ -353,8 +406,8 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 grid_clause(),
             ];
             if rule == Rule::Extended && arch != Some(Arch::Sm100) {
-                // Policy, from the H200 measurement of 2026-11-30 (sm90 v2, same run as fla).
-                // Measured on Hopper only: the sm_100 kernel takes its whole envelope.
+                // Policy: the measured clauses of `POLICY` (the sm_100 kernel takes its whole
+                // envelope: nothing was measured there).
                 clauses.extend([
                     (ctas < MIN_CTAS_EXTENDED).then(|| format!("N*HV*(V/64) = {ctas} < {MIN_CTAS_EXTENDED} CTAs")),
                     (!desc.varlen()
@@ -986,6 +1039,20 @@ mod tests {
                     Some(r) => assert_eq!(reason(p), r, "{rule:?} {what}"),
                 }
             }
+        }
+    }
+
+    #[test]
+    fn policy_notes_say_where_a_clause_was_measured() {
+        let notes = policy_notes(&H200);
+        assert_eq!(notes.len(), POLICY.len());
+        assert!(notes.iter().all(|(_, n)| n.starts_with("measured on NVIDIA H200 (132 SMs)")), "{notes:?}");
+        let h100_pcie = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 114 };
+        for (_, n) in policy_notes(&h100_pcie) {
+            assert_eq!(n, "not measured on a GPU of 114 SMs: applied as measured on NVIDIA H200 (132 SMs)");
+        }
+        for c in POLICY {
+            assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(c.record).is_file(), "{}", c.record);
         }
     }
 

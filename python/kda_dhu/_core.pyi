@@ -35,6 +35,7 @@ def validate(
     state_v_first: bool = False,
     cu_seqlens: Tensor | None = None,
     chunk_size: int = 64,
+    chunk_indices: Tensor | None = None,
     chunk_offsets: Tensor | None = None,
 ) -> None:
     """Raise if fla's ``chunk_gated_delta_rule_bwd_dhu`` could not take these arguments.
@@ -43,9 +44,73 @@ def validate(
     q, k [B, T, H, K] (T >= 1, K <= 256); w [B, T, HV, K] with H dividing HV; do, dv
     [B, T, HV, V]; g [B, T, HV] fp32; gk [B, T, HV, K] fp32; h0 (any float dtype) and
     dht (fp32) [N, HV, K, V] ([N, HV, V, K] with state_v_first); cu_seqlens int64/int32
-    [N + 1] with B == 1; chunk_offsets int64/int32 [N] or [N + 1] (read only with
+    [N + 1] with B == 1; chunk_indices int64/int32 [NT, 2] with NT at most
+    ceil(T / 64) + N - 1; chunk_offsets int64/int32 [N] or [N + 1] (both read only with
     cu_seqlens). q, k, w share a dtype in {bf16, fp16, fp32}; so do do, dv. No negative
-    strides; scale finite (None means K ** -0.5); chunk_size >= 1.
+    strides; scale finite (None means K ** -0.5); chunk_size >= 1. The values of the
+    packed-batch tables are not read (``check_tables``; the kernel checks them).
+    """
+
+class PreparedCall:
+    """A call read, validated and planned by ``prepare``: the one decision of a call.
+    Launching it reads only the outputs. Holds the call's numbers (addresses, extents) and
+    references to its input objects; nothing of it outlives the object."""
+
+    verdict: tuple[bool, str]
+    """(True, "kernel-sm90a") or (False, the first failing clause)."""
+    copies: list[str]
+    """Inputs that are not packed (contiguous; 16-byte aligned where the kernel reads them
+    through TMA; h0 contiguous) and must be copied before the kernel or fla reads them."""
+    nt: int | None
+    """dh's NT, or None for a packed batch given without chunk_indices (until ``nt=``)."""
+
+    def replan(self, rule: str) -> tuple[bool, str]:
+        """The plan of this call under another rule (no re-validation)."""
+
+    def out_shapes(self) -> tuple[list[int], list[int] | None, list[int]] | None:
+        """(dh, dh0 or None, dv2) shapes once NT is known, else None."""
+
+    def launch(self, dh: Tensor, dh0: Tensor | None, dv2: Tensor, stream: int) -> None:
+        """Launch the prepared inputs writing the outputs (as ``launch`` checks them) on
+        ``stream``. ValueError when the "capable" plan is a fallback. Asynchronous."""
+
+    def run(self) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """Allocate the outputs with torch and launch on torch's current stream, in this
+        one call; None where the call must take the general path (not the verified sm_90a
+        kernel, an input to copy, NT unknown or 0, KDA_DHU_CHECK_INPUTS set)."""
+
+def prepare(
+    rule: str,
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: Tensor | None = None,
+    chunk_offsets: Tensor | None = None,
+    nt: int | None = None,
+) -> tuple[bool, str, PreparedCall]:
+    """Read, validate (every tensor on one CUDA device) and plan a call under ``rule``:
+    ``(ok, reason, PreparedCall)``.
+
+    rule "b2a": the original dispatcher exactly (chunk_size 64, T % 64 == 0, K in {64,
+    128}, V % 64 == 0, bf16/fp16, dht given, B*HV*(V/64) >= 256) plus that kernel's limits
+    (gk path, H == HV, no cu_seqlens). rule "capable": everything the kernel computes:
+    tails, packed batches, GVA, g / gk / no gate, dht and h0 optional, state_v_first.
+    rule "extended": "capable" less the measured clauses (``policy``). Layouts are not
+    clauses: the plan is the packed call's (``PreparedCall.copies``).
+
+    ``nt``: dh's NT of a packed batch given without chunk_indices, when the caller knows
+    it. Raises as ``validate``, RuntimeError without a CUDA driver, and first raises a
+    bad packed batch a kernel on that device found since the last call (``check_input_errors``).
     """
 
 def plan(
@@ -63,65 +128,11 @@ def plan(
     state_v_first: bool = False,
     cu_seqlens: Tensor | None = None,
     chunk_size: int = 64,
+    chunk_indices: Tensor | None = None,
     chunk_offsets: Tensor | None = None,
+    nt: int | None = None,
 ) -> tuple[bool, str]:
-    """Kernel or fallback for this call under ``rule``: ``(True, "kernel-sm90a")`` or
-    ``(False, reason)``.
-
-    rule "b2a": the seed's dispatcher exactly (chunk_size 64, T % 64 == 0, K in {64, 128},
-    V % 64 == 0, bf16/fp16, dht given, B*HV*(V/64) >= 256) plus the seed kernel's limits
-    (gk path, H == HV, no cu_seqlens). rule "capable": everything the kernel computes:
-    tails, varlen, GVA, g / gk / no gate, dht and h0 optional. rule "extended": "capable"
-    less the shapes measured slower than fla on the H200 (K = 64; GVA below one wave).
-    All: one 16-bit dtype throughout, not state_v_first, contiguous 16-byte aligned
-    tensors, an sm_90 device.
-
-    Validates fully first (as ``validate``, plus: every tensor on one CUDA device), so it
-    raises where ``validate`` would, and RuntimeError without a CUDA driver.
-    """
-
-class PreparedCall:
-    """A call read, validated and planned by ``prepare``; launching it reads only the
-    outputs. Holds the call's numbers (addresses, extents) and references to its input
-    objects; nothing of it outlives the object."""
-
-    def replan(self, rule: str) -> tuple[bool, str]:
-        """The plan of this call under another rule (no re-validation)."""
-
-    def launch(
-        self,
-        dh: Tensor,
-        dh0: Tensor | None,
-        dv2: Tensor,
-        chunk_offsets: Tensor | None,
-        stream: int,
-    ) -> None:
-        """``launch`` of the prepared inputs: the outputs as ``launch`` takes them; with
-        cu_seqlens, ``chunk_offsets`` (int64, required unless the prepared call had it)
-        replaces the caller's and is checked as ``validate`` checks it; without, it is
-        not read. Raises as ``launch`` for the outputs; ValueError when the "capable"
-        plan is a fallback. Asynchronous."""
-
-def prepare(
-    rule: str,
-    q: Tensor,
-    k: Tensor,
-    w: Tensor,
-    do: Tensor,
-    dv: Tensor,
-    g: Tensor | None = None,
-    gk: Tensor | None = None,
-    h0: Tensor | None = None,
-    dht: Tensor | None = None,
-    scale: float | None = None,
-    state_v_first: bool = False,
-    cu_seqlens: Tensor | None = None,
-    chunk_size: int = 64,
-    chunk_offsets: Tensor | None = None,
-) -> tuple[bool, str, PreparedCall]:
-    """``plan`` that also returns the call: ``(ok, reason, PreparedCall)``. The kernel
-    path of kda_dhu's entry points: one read and validation of the inputs per call.
-    Raises as ``plan``."""
+    """``prepare``'s verdict alone. Raises as ``prepare``."""
 
 def run(
     rule: str,
@@ -136,13 +147,19 @@ def run(
     dht: Tensor | None = None,
     scale: float | None = None,
     state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
     chunk_size: int = 64,
+    chunk_indices: Tensor | None = None,
+    chunk_offsets: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor] | None:
-    """The kernel path in one call, without cu_seqlens: read, validate and plan as
-    ``prepare``; where the plan under ``rule`` is the verified sm_90a kernel, allocate
-    (dh, dh0 or None, dv2) with torch on the inputs' device and launch on its current
-    stream. None where the caller takes the general path (fallback or sm_100a plan, or
-    a tensor argument that is not a plain torch.Tensor). Raises as ``prepare``."""
+    """The kernel path in one crossing: read, validate and plan as ``prepare``; where the
+    plan under ``rule`` is the verified sm_90a kernel, every input packed and NT known
+    (chunk_indices given with cu_seqlens), allocate (dh, dh0 or None, dv2) with torch on the
+    inputs' device and launch on its current stream. None where the caller takes the
+    general path (a fallback or sm_100a plan, an input to copy, a packed batch without
+    chunk_indices, KDA_DHU_FORCE or KDA_DHU_CHECK_INPUTS set, a tensor argument that is
+    not a plain torch.Tensor, or q on the CPU, after validation). Raises as ``prepare``.
+    Does not synchronize."""
 
 def dlpack_intake() -> str:
     """How torch tensors are read: "exchange" (DLPack's C exchange API), "capsule"
@@ -163,30 +180,51 @@ def launch(
     state_v_first: bool,
     cu_seqlens: Tensor | None,
     chunk_size: int,
+    chunk_indices: Tensor | None,
     chunk_offsets: Tensor | None,
     dh: Tensor,
     dh0: Tensor | None,
     dv2: Tensor,
     stream: int,
 ) -> None:
-    """Launch the kernel writing dh, dh0 and dv2; asynchronous, on ``stream``.
+    """Launch the kernel writing dh, dh0 and dv2; asynchronous, on ``stream`` (a CUstream
+    as an int; 0: the legacy default stream). Reads and validates everything
+    (``prepare`` + ``PreparedCall.launch`` read the inputs once).
 
-    The inputs are fla's arguments (as ``validate``); the outputs are allocated by the
-    caller, contiguous, 16-byte aligned, on q's device: dh [B, NT, HV, K, V] in q's
-    dtype (NT = ceil(T / 64), or with cu_seqlens the total chunk count of all
-    sequences), dh0 [N, HV, K, V] fp32 iff h0 is given (else None), dv2 like dv.
-    With cu_seqlens, chunk_offsets (int64, the first chunk of each sequence; fla's
-    prepare_chunk_offsets) is required. ``stream`` is a CUstream as an int, e.g.
-    ``torch.cuda.current_stream(device).cuda_stream`` (0: the legacy default stream).
-
-    cu_seqlens' values are trusted (reading them would synchronize): kda_dhu's Python
-    entry points check them (start at 0, non-decreasing, last <= T) before calling this.
-
-    Reads and validates everything (``prepare`` + ``PreparedCall.launch`` read the
-    inputs once); ValueError naming the reason when ``plan("capable", ...)`` would say
-    fallback. The TMA descriptors come from a per-signature cache (device, dtype,
-    extents), their addresses replaced per call. Does not synchronize.
+    The outputs are allocated by the caller, contiguous, 16-byte aligned, on q's device:
+    dh [B, NT, HV, K, V] in q's dtype (NT = ceil(T / 64), or dh's rows of a packed batch:
+    len(chunk_indices) where given), dh0 [N, HV, K, V] fp32 iff h0 is given (else None),
+    dv2 like dv. A packed batch's values are read and checked on the device (a failing
+    sequence's outputs NaN, the error raised by the next call). ValueError naming the
+    reason when ``plan("capable", ...)`` would say fallback. Does not synchronize.
     """
+
+def check_tables(
+    cu_seqlens: list[int], t: int, chunk_offsets: list[int] | None = None, nt: int | None = None
+) -> list[int]:
+    """The one checker of a packed batch's tables (the kernel runs the same checks on the
+    device): returns the chunk offsets [N + 1]; ValueError naming cu_seqlens,
+    chunk_offsets or chunk_indices."""
+
+def check_input_errors(ordinal: int) -> None:
+    """Raise (once) a bad packed batch a kernel on cuda:``ordinal`` found; no sync."""
+
+def launch_count() -> int:
+    """Kernel launches of this process so far (every route)."""
+
+def force() -> str | None:
+    """KDA_DHU_FORCE: None, "kernel" or "fla"; ValueError for another value."""
+
+def switch(name: str) -> str | None:
+    """A switch's value (trimmed, lower-cased; None when unset); ValueError for a name
+    that is not one of kda-dhu's switches."""
+
+def switches() -> list[tuple[str, str, str | None]]:
+    """Every environment switch: (name, meaning, value or None)."""
+
+def policy(ordinal: int) -> list[tuple[str, str, str, str, str]]:
+    """The Extended rule's measured clauses on cuda:``ordinal``: (name, when, measured on,
+    record, what it means on this GPU)."""
 
 def tma_cache_info() -> dict[str, int]:
     """The TMA descriptor cache: {"hits", "misses", "evictions", "size", "capacity"}.

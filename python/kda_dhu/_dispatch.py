@@ -269,8 +269,9 @@ def _general(rule: str, c: _Call, signature_entry: str):
             return c.fla()
         if reason == "kernel-sm100a":
             sig = signature_of(
-                c.q, c.k, c.w, c.do, c.dv, c.gk, c.h0, c.dht, c.cu_seqlens, entry=signature_entry
-            )
+                signature_entry, c.q, c.do, g=c.g, gk=c.gk, h0=c.h0, dht=c.dht,
+                state_v_first=c.state_v_first, cu_seqlens=c.cu_seqlens,
+            )  # fmt: skip
             return SM100_CHECK.run(sig, lambda: _launch(c, call), c.fla)
         return _launch(c, call)
 

@@ -487,11 +487,14 @@ def plot(record: dict, path: str) -> None:
         plt.close(fig)
 
 
-def write_record(record: dict, out: str, table: str, prefix: str = "") -> None:
-    """Writes a run's record to ``out``: <prefix><date>-<gpu>.json, <prefix>latest.json
-    and the markdown table as <prefix>latest.md (``record`` has "date" and "gpu")."""
+def write_record(record: dict, out: str, table: str, prefix: str = "", with_commit: bool = False) -> None:
+    """Writes a run's record to ``out``: <prefix><date>-<gpu>.json (<prefix><date>-<gpu>-<commit>.json
+    with ``with_commit``, the commit from record["kda_dhu_commit"]), <prefix>latest.json and the
+    markdown table as <prefix>latest.md (``record`` has "date" and "gpu")."""
     os.makedirs(out, exist_ok=True)
     tag = record["gpu"].replace(" ", "_")
+    if with_commit:
+        tag += f"-{record['kda_dhu_commit']}"
     for fname in (f"{prefix}{record['date']}-{tag}.json", f"{prefix}latest.json"):
         with open(os.path.join(out, fname), "w") as f:
             json.dump(record, f, indent=1)

@@ -133,7 +133,9 @@ def _kernel_on(index: int) -> str:
 def _gpu_section(out) -> None:
     gpus = _gpus()
     if not gpus:
-        _line(out, "GPUs", "none: torch sees no CUDA device; every call would need one (fla's too)")
+        _line(
+            out, "GPUs", "none: torch sees no CUDA device (CPU tensors run on the CPU path of the Rust core)"
+        )
         return
     for i, name, (major, minor), total in gpus:
         _line(out, f"cuda:{i}", f"{name}, sm_{major}{minor}, {total / 2**30:.0f} GiB")
@@ -174,11 +176,28 @@ def _registry(out) -> None:
 
 @_section("environment switches")
 def _environment(out) -> None:
-    shown = sorted(n for n in os.environ if n.startswith(ENV_PREFIX) or n in FLA_SWITCHES)
-    if not shown:
-        _line(out, "set", f"none ({ENV_PREFIX}*, {', '.join(FLA_SWITCHES)})")
-    for name in shown:
-        _line(out, name, repr(os.environ[name]))
+    from . import _core
+
+    for name, meaning, value in _core.switches():
+        _line(out, name, f"{'unset' if value is None else repr(value)}  ({meaning})")
+    others = sorted(
+        n for n in os.environ if n.startswith(ENV_PREFIX) and n not in {s[0] for s in _core.switches()}
+    )
+    for name in others:
+        _line(out, name, f"{os.environ[name]!r} (not a switch kda-dhu reads)")
+
+
+@_section("the planner's measured clauses (where the kernel measured slower than fla)")
+def _policy(out) -> None:
+    from . import _core
+
+    gpus = _gpus()
+    if not gpus:
+        print("  no GPU here: the clauses depend on the GPU's SM count", file=out)
+        return
+    for name, when, _measured_on, record, note in _core.policy(0):
+        print(f"  {name}: fla when {when}", file=out)
+        print(f"      cuda:0: {note}; record {record}", file=out)
 
 
 def _verdicts(row) -> tuple:
@@ -225,6 +244,6 @@ def main(out=None) -> int:
     """Prints every section to ``out`` (stdout); returns 0."""
     out = out or sys.stdout
     print("kda_dhu doctor", file=out)
-    for section in (_versions, _extension, _driver, _gpu_section, _registry, _environment, _routes):
+    for section in (_versions, _extension, _driver, _gpu_section, _registry, _environment, _policy, _routes):
         section(out)
     return 0

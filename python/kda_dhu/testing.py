@@ -238,23 +238,42 @@ def naive_bwd_dhu(
 # and count what the dispatcher did.
 
 
-def run_kernel(args: dict, poison: bool = False):
-    """kda-dhu's kernel on a call's keyword arguments (``make_inputs``' dict), whatever the
-    extended rule would choose: the planner's "capable" rule, on the inputs' device.
-
-    Returns (dh, dh0, dv2). ``poison``: every output is filled with NaN first, so that an
-    element the kernel does not write stays NaN. Raises RuntimeError (with the planner's
-    reason) where the kernel cannot compute the call, and what validation raises.
-    """
+def _call(args: dict):
+    """A ``make_inputs`` dict as the dispatcher's general path carries a call."""
     from . import _dispatch
 
     a = args
-    c = _dispatch._Call(
+    return _dispatch._Call(
         a["q"], a["k"], a["w"], a["do"], a["dv"], a.get("g"), a.get("gk"), a.get("h0"), a.get("dht"),
         a.get("scale", a["q"].shape[-1] ** -0.5), a.get("state_v_first", False), a.get("cu_seqlens"),
         a.get("chunk_size", 64), a.get("chunk_indices"), a.get("chunk_offsets"), a.get("use_graph", False),
     )  # fmt: skip
-    return _dispatch.run_kernel("capable", c, poison=poison)
+
+
+def plan(args: dict, rule: str = "capable") -> tuple[bool, str]:
+    """The planner's verdict (use_kernel, reason) on a call's keyword arguments
+    (``make_inputs``' dict) under ``rule`` ("capable", "extended", "b2a"), as the
+    dispatcher's general path decides it. Raises what validation raises."""
+    from . import _dispatch
+
+    c = _call(args)
+    with _dispatch._device_ctx(c.q):
+        ok, reason, _, _ = _dispatch._decide(rule, c)
+    return ok, reason
+
+
+def run_kernel(args: dict, poison: bool = False, rule: str = "capable"):
+    """kda-dhu's kernel on a call's keyword arguments (``make_inputs``' dict), whatever the
+    extended rule would choose: the planner's "capable" rule (or ``rule``: "extended",
+    "b2a"), on the inputs' device.
+
+    Returns (dh, dh0, dv2). ``poison``: every output is filled with NaN first, so that an
+    element the kernel does not write stays NaN. Raises RuntimeError (with the planner's
+    reason) where the rule sends the call to fla, and what validation raises.
+    """
+    from . import _dispatch
+
+    return _dispatch.run_kernel(rule, _call(args), poison=poison)
 
 
 from .fla_backend import ENV_VAR as BACKEND_ENV  # noqa: E402  (FLA_KDA_DHU, read by fla at every call)
