@@ -6,8 +6,9 @@ inputs, the kernel path only, warm-up launches first so that the profiled launch
     python3 benches/profile_driver.py --list      # the shape names (no GPU needed)
 
 Each shape runs ``--warmup`` + 1 launches of kda-dhu's kernel (fla is not imported, so
-no Triton kernel appears in the profile); with --nwg the warpgroup variant is forced
-(KDA_DHU_SM90_NWG). Prints one line per shape: the plan and the prepared call.
+no Triton kernel appears in the profile: a packed row carries its chunk tables, built by
+kda_dhu.testing.chunk_tables, as fla's backward passes them); with --nwg the warpgroup
+variant is forced (KDA_DHU_SM90_NWG). Prints one line per shape: the plan.
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ def main(argv=None) -> int:
     if args.nwg:
         os.environ["KDA_DHU_SM90_NWG"] = args.nwg
     from kda_dhu import _dispatch
-    from kda_dhu.testing import run_kernel
+    from kda_dhu.testing import chunk_tables, run_kernel
 
     for row in (r for r in bench.SHAPES if r[0] in want):
         name = row[0]
-        a, _ = bench.row_inputs(row)
+        a, lengths = bench.row_inputs(row)
+        if lengths is not None:
+            ci, co = chunk_tables(a["cu_seqlens"], a["q"].shape[1])
+            a.update(chunk_indices=ci, chunk_offsets=co)
         try:
             for _ in range(args.warmup + 1):
                 run_kernel(a)

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # There (the GPU machine, via the device tool): compute-sanitizer's memcheck, racecheck and
 # synccheck over scripts/sanitize_driver.py (small kernel-only calls: envelope K 64/128,
-# dense tail, varlen [1, 63, 65, 7], padded packed batch, GVA, g gate, no gate, fp16).
+# dense tail, varlen [1, 63, 65, 7] with int64 / int32 chunk tables, padded packed batch,
+# GVA, g gate, no gate, fp16, two warpgroups, state_v_first, strided / sliced / expanded /
+# misaligned inputs; then corrupt packed batches -- cu_seqlens[0] != 0, decreasing, past T,
+# wrong chunk_offsets, chunks past NT, garbage values -- whose kernels must store nothing
+# outside their outputs: memcheck clean).
 #   bash scripts/sanitize.sh [tool ...]        (default: memcheck racecheck synccheck)
 # Installs the carried wheels (.carry/, from scripts/device_prepare.sh) as device_run.sh
 # does; after device_run.sh in the same device command it reuses /tmp/site.

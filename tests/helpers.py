@@ -23,3 +23,74 @@ def run_in_threads(worker, n: int) -> None:
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+# --------------------------------------------------------------- GPU tests' shared tools
+# ~0.2 s of GPU time at the H200's 1.98 GHz: far longer than any call's host time.
+SLEEP_CYCLES = 400_000_000
+
+
+def sync_debug(mode: str):
+    """torch's sync debug mode ("error", "warn") for the duration of a with-block."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def scope():
+        before = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+
+    return scope()
+
+
+def without_sync(fn, what: str):
+    """fn() behind a sleep kernel on the current stream, under sync debug mode "error";
+    asserts the stream was still busy when it returned (the host did not wait for the GPU:
+    this also catches a synchronizing driver call no torch hook sees). Returns (fn's
+    result, torch CUDA allocations it made)."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
+    torch.cuda._sleep(SLEEP_CYCLES)
+    with sync_debug("error"):
+        out = fn()
+    busy = not stream.query()
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs
+    torch.cuda.synchronize()
+    assert busy, f"{what}: returned after the stream drained: the host waited for the GPU"
+    return out, allocs
+
+
+def count_syncs(fn) -> tuple:
+    """(fn's result, synchronizing torch calls it made: sync debug mode "warn")."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with sync_debug("warn"):
+            out = fn()
+    return out, sum("synchroniz" in str(w.message) for w in caught)
+
+
+def register_or_skip() -> None:
+    """kda-dhu registered as fla's stage-4 backend (skips where fla has no registry)."""
+    import kda_dhu
+    import pytest
+    from kda_dhu import fla_backend
+
+    if not kda_dhu.register_backend() and not fla_backend.is_registered():
+        pytest.skip("kda-dhu cannot register as an fla backend here")
+
+
+def via_registry(a: dict):
+    """fla's public (dispatching) stage-4 function on keyword arguments: its registry,
+    then kda-dhu's backend where registered and enabled."""
+    import fla.ops.common.chunk_delta_h as m
+
+    return m.chunk_gated_delta_rule_bwd_dhu(**a)

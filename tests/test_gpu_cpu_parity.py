@@ -56,6 +56,18 @@ CASES = {
     "varlen_g": (1, None, 2, 2, 128, 64, BF16, "g", dict(varlen_lengths=LENGTHS)),
     "varlen_none": (1, None, 2, 2, 128, 64, BF16, None, dict(varlen_lengths=LENGTHS)),
     "varlen_padded": (1, 300, 2, 2, 64, 64, BF16, "gk", dict(varlen_lengths=[100, 30, 70])),
+    # fla's chunk tables in int32 (chunk_offsets of N + 1 entries: read by both)
+    "varlen_tables_int32": (
+        1,
+        300,
+        2,
+        2,
+        128,
+        64,
+        BF16,
+        "g",
+        dict(varlen_lengths=[100, 0, 30, 70], tables=torch.int32),
+    ),
     "gva_h1_hv4": (1, 192, 1, 4, 128, 64, BF16, "gk", {}),
     "gva_h16_hv32": (1, 192, 16, 32, 128, 64, BF16, "gk", {}),
     "no_dht": (2, 128, 2, 2, 64, 64, BF16, "gk", dict(dht=False)),
@@ -82,10 +94,16 @@ CASES = {
 def test_fla_mode_matches_the_kernel(rng, case):
     from kda_dhu._cpu import chunk_gated_delta_rule_bwd_dhu_cpu
     from kda_dhu.reference import rel_err
-    from kda_dhu.testing import run_kernel
+    from kda_dhu.testing import chunk_tables, run_kernel
 
     B, T, H, HV, K, V, dtype, gate, extra = CASES[case]
+    extra = dict(extra)
+    tables = extra.pop("tables", None)
     args = make_inputs(B, T, H, HV, K, V, dtype, gate, generator=rng, **extra)
+    if tables is not None:
+        cu = args["cu_seqlens"].to(tables)
+        ci, co = chunk_tables(cu, T)
+        args.update(cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co)
     ours = chunk_gated_delta_rule_bwd_dhu_cpu(**args, mode="fla", _poison=True)
     on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     kernel = run_kernel(on_gpu, poison=True)

@@ -1,6 +1,8 @@
-"""GPU host path (issue #7): the host time of an eager call, and the TMA descriptor
-cache (a hit with new addresses computes what a fresh encode computes; nothing kept
-alive; shared by threads).
+"""GPU host path: the host time of an eager call; the one-crossing path (``_core.run``)
+against the general path (``_core.prepare`` + ``PreparedCall.launch``) and the stateless
+``_core.launch``, bit for bit; what ``_core.run`` hands back; the outputs a prepared call
+checks; and the TMA descriptor cache (a hit with new addresses computes what a fresh
+encode computes; nothing kept alive; shared by threads).
 
 The host-time test prints its figure (run with -s to see it); its bound is loose
 (25 us median, against a goal of 10 us) so that a busy machine does not fail it.
@@ -21,6 +23,7 @@ import pytest
 import torch
 from helpers import make_inputs, run_in_threads
 from kda_dhu import _core, _dispatch
+from kda_dhu.testing import chunk_tables, relayout, run_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -119,40 +122,8 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
             **c,
         )
 
-    run = lambda a: _dispatch._run_kernel(  # noqa: E731 - the kernel path, poisoned outputs
-        a["q"],
-        a["k"],
-        a["w"],
-        a["do"],
-        a["dv"],
-        a["g"],
-        a["gk"],
-        a["h0"],
-        a["dht"],
-        a["scale"],
-        a["cu_seqlens"],
-        None,
-        None,
-        False,
-        poison=True,
-        call=_dispatch._prepare(
-            "capable",
-            a["q"],
-            a["k"],
-            a["w"],
-            a["do"],
-            a["dv"],
-            a["g"],
-            a["gk"],
-            a["h0"],
-            a["dht"],
-            a["scale"],
-            False,
-            a["cu_seqlens"],
-            64,
-            None,
-        )[2],
-    )
+    def run(a):  # the kernel under the "capable" rule, outputs poisoned with NaN
+        return run_kernel(a, poison=True)
 
     def capable(a):
         return _core.plan(
@@ -201,65 +172,97 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
             _assert_outputs_bitwise(kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a), outs_hit[i], f"public {i}")
 
 
+# fla's positional order of the call arguments (_core.prepare / _core.run after the rule)
+POS = (
+    "q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
+    "chunk_indices", "chunk_offsets",
+)  # fmt: skip
+DEFAULTS = dict(state_v_first=False, chunk_size=64)
+
+
+def _pos(a: dict) -> tuple:
+    """The call's arguments in POS order (None / the defaults for those it lacks)."""
+    return tuple(a.get(n, DEFAULTS.get(n)) for n in POS)
+
+
+def _with_tables(a: dict, dtype=None) -> dict:
+    """A packed batch's call with fla's chunk_indices and chunk_offsets [N + 1] (built
+    without fla, in ``dtype``; cu_seqlens too)."""
+    dtype = a["cu_seqlens"].dtype if dtype is None else dtype
+    cu = a["cu_seqlens"].to(dtype)
+    ci, co = chunk_tables(cu, a["q"].shape[1])
+    return dict(a, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co)
+
+
+def _poisoned_outputs(call, a: dict):
+    """(dh, dh0 or None, dv2) shaped as the prepared call says, filled with NaN."""
+    dh_shape, dh0_shape, dv2_shape = call.out_shapes()
+    q, dv = a["q"], a["dv"]
+    nan = float("nan")
+    dh = torch.full(dh_shape, nan, dtype=q.dtype, device=q.device)
+    dh0 = torch.full(dh0_shape, nan, dtype=torch.float32, device=q.device) if dh0_shape else None
+    dv2 = torch.full(dv2_shape, nan, dtype=dv.dtype, device=q.device)
+    return dh, dh0, dv2
+
+
+def _prepared_launch(call, a: dict):
+    """PreparedCall.launch into poisoned outputs on torch's current stream."""
+    outs = _poisoned_outputs(call, a)
+    call.launch(*outs, torch.cuda.current_stream().cuda_stream)
+    return outs
+
+
 def test_prepared_launch_equals_the_stateless_launch(rng):
-    """PreparedCall.launch (inputs read once) and _core.launch (everything read again)
-    write the same bits. < 1 s."""
-    a = _tiny(rng, B=2, T=130, H=2, HV=2)
-    ok, reason, call = _dispatch._prepare(
-        "capable",
-        a["q"],
-        a["k"],
-        a["w"],
-        a["do"],
-        a["dv"],
-        a["g"],
-        a["gk"],
-        a["h0"],
-        a["dht"],
-        a["scale"],
-        False,
-        None,
-        64,
-        None,
-    )
-    assert ok, reason
-    args = (
-        a["q"],
-        a["k"],
-        a["w"],
-        a["do"],
-        a["dv"],
-        a["g"],
-        a["gk"],
-        a["h0"],
-        a["dht"],
-        a["scale"],
-        None,
-        None,
-        None,
-        False,
-    )
-    prepared = _dispatch._run_kernel(*args, poison=True, call=call)
-    stateless = _dispatch._run_kernel(*args, poison=True)
-    torch.cuda.synchronize()
-    _assert_outputs_bitwise(prepared, stateless, "prepared vs stateless")
+    """PreparedCall.launch (inputs read once) and _core.launch (everything read and
+    validated again: chunk_indices before chunk_offsets) write the same bits, dense and
+    packed (int32 cu_seqlens and chunk tables, chunk_offsets of N + 1 entries). < 1 s."""
+    cases = [
+        _tiny(rng, B=2, T=130, H=2, HV=2),
+        _with_tables(
+            make_inputs(
+                1, None, 2, 2, 128, 64, BF16, "g", varlen_lengths=[1, 63, 65, 7], device="cuda", generator=rng
+            ),
+            torch.int32,
+        ),
+    ]
+    stream = torch.cuda.current_stream().cuda_stream
+    for i, a in enumerate(cases):
+        ok, reason, call = _core.prepare("capable", *_pos(a))
+        assert ok, reason
+        prepared = _prepared_launch(call, a)
+        stateless = _poisoned_outputs(call, a)
+        _core.launch(*_pos(a), *stateless, stream)
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(x).all() for x in prepared if x is not None), f"case {i}: unwritten"
+        _assert_outputs_bitwise(prepared, stateless, f"case {i}: prepared vs stateless")
 
 
-# _core.run's cases: (rule, make_inputs arguments); each must plan the sm_90a kernel under
-# its rule ("capable": wherever the kernel can run, past the policy clauses, e.g. GVA below
-# one wave, which "extended" sends to fla).
+# _core.run's cases: (rule, make_inputs arguments, chunk tables); each must plan the sm_90a
+# kernel under its rule ("capable": wherever the kernel can run, past the policy clauses,
+# e.g. GVA below one wave, which "extended" sends to fla). Packed batches carry fla's
+# chunk_indices (the one-crossing path needs NT without a host read) in int64 or int32.
 RUN_CASES = [
-    ("extended", dict(B=1, T=64, H=1, HV=1, K=128, V=64, gate="gk")),
-    ("capable", dict(B=2, T=200, H=2, HV=4, K=64, V=128, gate="g", dtype=torch.float16)),
-    ("capable", dict(B=1, T=130, H=2, HV=2, K=128, V=64, gate=None, h0=False, dht=False)),
-    ("capable", dict(B=2, T=192, H=2, HV=2, K=128, V=128, gate="gk", state_v_first=True)),
-    ("b2a", dict(B=4, T=128, H=64, HV=64, K=128, V=64, gate="gk")),
+    ("extended", dict(B=1, T=64, H=1, HV=1, K=128, V=64, gate="gk"), None),
+    ("capable", dict(B=2, T=200, H=2, HV=4, K=64, V=128, gate="g", dtype=torch.float16), None),
+    ("capable", dict(B=1, T=130, H=2, HV=2, K=128, V=64, gate=None, h0=False, dht=False), None),
+    ("capable", dict(B=2, T=192, H=2, HV=2, K=128, V=128, gate="gk", state_v_first=True), None),
+    ("b2a", dict(B=4, T=128, H=64, HV=64, K=128, V=64, gate="gk"), None),
+    (
+        "extended",
+        dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="gk", varlen_lengths=[1, 63, 65, 7]),
+        torch.int64,
+    ),
+    (
+        "extended",
+        dict(B=1, T=300, H=2, HV=2, K=128, V=128, gate="g", varlen_lengths=[100, 0, 30, 70]),
+        torch.int32,
+    ),
 ]
 
 
-def _run_case(c: dict, rng) -> dict:
+def _run_case(c: dict, rng, tables=None) -> dict:
     c = dict(c)
-    return make_inputs(
+    a = make_inputs(
         c.pop("B"),
         c.pop("T"),
         c.pop("H"),
@@ -272,53 +275,29 @@ def _run_case(c: dict, rng) -> dict:
         generator=rng,
         **c,
     )
+    return a if tables is None else _with_tables(a, tables)
 
 
-@pytest.mark.parametrize("rule,case", RUN_CASES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(RUN_CASES)])
-def test_one_crossing_run_equals_the_general_path(rng, rule, case):
+@pytest.mark.parametrize(
+    "rule,case,tables", RUN_CASES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(RUN_CASES)]
+)
+def test_one_crossing_run_equals_the_general_path(rng, rule, case, tables):
     """_core.run (read, validate, plan, allocate and launch in one call: the eager entry
-    points' path without cu_seqlens) writes the bits of the general path
-    (_core.prepare, outputs allocated and poisoned in Python, PreparedCall.launch), with
-    its outputs shaped, typed and placed as the general path's. < 1 s."""
-    a = _run_case(case, rng)
+    points' path for packed inputs, packed batches with chunk_indices included) writes the
+    bits of the general path (_core.prepare, outputs allocated and poisoned in Python,
+    PreparedCall.launch), with its outputs shaped, typed and placed as the general path's,
+    and one kernel launch counted. < 1 s."""
+    a = _run_case(case, rng, tables)
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("_core.run launches the verified sm_90a kernel only")
-    pos = (
-        a["q"],
-        a["k"],
-        a["w"],
-        a["do"],
-        a["dv"],
-        a["g"],
-        a["gk"],
-        a["h0"],
-        a["dht"],
-        a["scale"],
-        a["state_v_first"],
-    )
-    ok, reason, call = _core.prepare(rule, *pos)
+    ok, reason, call = _core.prepare(rule, *_pos(a))
     assert ok, reason
-    got = _core.run(rule, *pos)
+    assert call.copies == [] and call.nt is not None, (call.copies, call.nt)
+    before = _core.launch_count()
+    got = _core.run(rule, *_pos(a))
     assert got is not None, "run handed a kernel-planned call back"
-    expect = _dispatch._run_kernel(
-        a["q"],
-        a["k"],
-        a["w"],
-        a["do"],
-        a["dv"],
-        a["g"],
-        a["gk"],
-        a["h0"],
-        a["dht"],
-        a["scale"],
-        None,
-        None,
-        None,
-        False,
-        poison=True,
-        call=call,
-        state_v_first=a["state_v_first"],
-    )
+    assert _core.launch_count() == before + 1
+    expect = _prepared_launch(call, a)
     torch.cuda.synchronize()
     for name, x, y in zip(NAMES, got, expect):
         if y is None:
@@ -331,27 +310,50 @@ def test_one_crossing_run_equals_the_general_path(rng, rule, case):
 
 
 def test_one_crossing_run_hands_back_what_it_does_not_launch(rng, monkeypatch):
-    """None (the caller's general path decides) for a fallback plan: K = 256 and a b2a
-    call below 256 CTAs; invalid input raises as prepare does. The public entry point
-    takes _core.run for a dense kernel call (the general path is not entered)."""
+    """None, and no launch, for what the general path decides: a fallback plan (K = 256,
+    a b2a call below 256 CTAs), an input to copy, a packed batch without chunk_indices
+    (NT unknown without a host read) or with no chunks at all, KDA_DHU_FORCE and
+    KDA_DHU_CHECK_INPUTS set; invalid input raises as prepare does. The public entry point
+    takes _core.run for dense and packed kernel calls (the general path is not entered)."""
+    monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
+    monkeypatch.delenv("KDA_DHU_CHECK_INPUTS", raising=False)
+    before = _core.launch_count()
     a = _run_case(dict(B=1, T=64, H=1, HV=1, K=256, V=64, gate="gk"), rng)
-    pos = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"], a["scale"])
-    assert _core.run("extended", *pos) is None
+    assert _core.run("extended", *_pos(a)) is None
     a = _tiny(rng)
-    pos = (a["q"], a["k"], a["w"], a["do"], a["dv"], a["g"], a["gk"], a["h0"], a["dht"], a["scale"])
-    assert _core.run("b2a", *pos) is None  # 1 CTA < the seed's 256
+    assert _core.run("b2a", *_pos(a)) is None  # 1 CTA < the seed's 256
+    misaligned = dict(a, q=relayout(a["q"], "offset_misaligned"))
+    assert _core.run("extended", *_pos(misaligned)) is None  # q must be copied
+    v = _run_case(dict(B=1, T=None, H=1, HV=1, K=128, V=64, gate="gk", varlen_lengths=[100, 30]), rng)
+    assert _core.run("extended", *_pos(v)) is None  # no chunk_indices
+    empty = _with_tables(
+        _run_case(dict(B=1, T=64, H=1, HV=1, K=128, V=64, gate="gk", varlen_lengths=[0, 0]), rng)
+    )
+    assert empty["chunk_indices"].shape[0] == 0
+    assert _core.run("extended", *_pos(empty)) is None  # NT = 0: nothing to launch
+    tables = _with_tables(v)
+    for switch, value in (
+        ("KDA_DHU_FORCE", "kernel"),
+        ("KDA_DHU_FORCE", "fla"),
+        ("KDA_DHU_CHECK_INPUTS", "1"),
+    ):
+        monkeypatch.setenv(switch, value)
+        assert _core.run("extended", *_pos(tables)) is None, switch
+        monkeypatch.delenv(switch)
+    assert _core.launch_count() == before, "a handed-back call launched"
     with pytest.raises(TypeError, match=r"^dv: expected dtype bfloat16"):
-        _core.run("extended", *pos[:4], a["dv"].half(), *pos[5:])
+        _core.run("extended", *_pos(dict(a, dv=a["dv"].half())))
     if _core.device_arch(torch.cuda.current_device()) == "sm_90":
-        monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
 
         def no_general_path(*args, **kw):
             raise AssertionError("the general path ran")
 
-        monkeypatch.setattr(_dispatch, "_prepare", no_general_path)
-        out = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
-        torch.cuda.synchronize()
-        assert all(torch.isfinite(x).all() for x in out)
+        monkeypatch.setattr(_dispatch, "_general", no_general_path)
+        for args in (a, tables):
+            out = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**args)
+            torch.cuda.synchronize()
+            assert all(torch.isfinite(x).all() for x in out)
+        assert _core.launch_count() == before + 2
 
 
 def test_prepared_launch_checks_the_outputs(rng):
@@ -364,17 +366,21 @@ def test_prepared_launch_checks_the_outputs(rng):
     dh = torch.empty(1, 1, 1, 128, 64, dtype=BF16, device="cuda")
     dh0 = torch.empty_like(a["h0"])
     dv2 = torch.empty_like(a["dv"])
+    before = _core.launch_count()
     with pytest.raises(ValueError, match=r"^dh: expected shape \[B=1, NT=1, HV=1, K=128, V=64\]"):
-        call.launch(dh[:, :, :, :64], dh0, dv2, None, stream)
+        call.launch(dh[:, :, :, :64], dh0, dv2, stream)
     with pytest.raises(TypeError, match=r"^dh0: expected a tensor"):
-        call.launch(dh, None, dv2, None, stream)
+        call.launch(dh, None, dv2, stream)
     with pytest.raises(TypeError, match=r"^dv2: expected dtype bfloat16 like dv, got float32$"):
-        call.launch(dh, dh0, dv2.float(), None, stream)
+        call.launch(dh, dh0, dv2.float(), stream)
     with pytest.raises(ValueError, match=r"^dv2: expected a tensor on cuda:0 like q, got a tensor on cpu$"):
-        call.launch(dh, dh0, dv2.cpu(), None, stream)
+        call.launch(dh, dh0, dv2.cpu(), stream)
     flat = torch.empty(dv2.numel() + 1, dtype=BF16, device="cuda")
     with pytest.raises(ValueError, match=r"^dv2: expected a 16-byte aligned data pointer"):
-        call.launch(dh, dh0, flat[1:].view(dv2.shape), None, stream)
+        call.launch(dh, dh0, flat[1:].view(dv2.shape), stream)
+    with pytest.raises(ValueError, match=r"^dh: expected a contiguous output tensor"):
+        call.launch(dh.transpose(-1, -2).contiguous().transpose(-1, -2), dh0, dv2, stream)
+    assert _core.launch_count() == before, "a refused launch was counted"
     with pytest.raises(ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable'"):
         call.replan("fast")
     assert call.replan("capable")[0] is True

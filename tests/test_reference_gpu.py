@@ -60,3 +60,32 @@ def test_reference_models_fla_bf16(case, rng):
         assert R.rel_err(o, e.to(o.dtype)) < bound, (name, R.rel_err(o, e.to(o.dtype)))
     # and the casts matter: dh0 (fp32, not output-rounded) is much closer to the model
     assert R.rel_err(out[1], emu[1]) < 0.5 * R.rel_err(out[1], exact[1])
+
+
+def test_reference_models_fla_with_graph_chunk_tables(rng):
+    """fla's CUDA-graph mode (zero-length padding sequences up to a fixed N, chunk_indices
+    of a fixed budget from prepare_chunk_indices_static, int32): the reference, given the
+    same tables, is fla on the rows fla writes (dh's real chunks, dv2's packed tokens) and
+    on every dh0 (a zero-length sequence's is its dht). The graph tests hold the kernel to
+    this reference."""
+    from fla.ops.utils.index import prepare_chunk_indices_static
+
+    R = importlib.import_module("kda_dhu.reference")
+    fla = _fla()
+    lengths = [100, 1, 0, 200, 37, 0, 0]
+    inp = make_inputs(
+        1, 448, 2, 2, 128, 128, torch.bfloat16, "gk", varlen_lengths=lengths, device="cuda", generator=rng
+    )
+    cu = inp["cu_seqlens"].to(torch.int32)
+    ci, co = prepare_chunk_indices_static(cu, 64, 7 + len(lengths) - 1)
+    inp.update(cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co)
+    out = fla(**inp)
+    emu = R.chunk_gated_delta_rule_bwd_dhu_ref(**inp, emulate_rounding=True)
+    rows, end = int(co[-1]), int(cu[-1])
+    assert out[0].shape == emu[0].shape and rows == 8
+    for name, o, e in (
+        ("dh", out[0][:, :rows], emu[0][:, :rows]),
+        ("dh0", out[1], emu[1]),
+        ("dv2", out[2][:, :end], emu[2][:, :end]),
+    ):
+        assert R.rel_err(o, e) < 4e-3, (name, R.rel_err(o, e))

@@ -149,6 +149,106 @@ def make_inputs(
     )
 
 
+def chunk_tables(cu_seqlens: torch.Tensor, T: int | None = None, dtype: torch.dtype | None = None):
+    """fla's chunk tables of a packed batch without fla: ``(chunk_indices, chunk_offsets)``.
+
+    chunk_indices [NT, 2] holds (sequence, chunk within the sequence) rows and
+    chunk_offsets [N + 1] the first chunk of each sequence (the last entry is NT), as
+    fla's ``prepare_chunk_indices`` / ``prepare_chunk_offsets`` give them for chunk_size
+    64; on cu_seqlens' device, in ``dtype`` (default: cu_seqlens' dtype). ``T``: the
+    packed batch's length (default: cu_seqlens[-1]).
+
+    For tests and drivers that keep fla out: it reads cu_seqlens on the host (one
+    synchronization) and counts the chunks with the core's checker
+    (``kda_dhu._core.check_tables``), which raises ValueError on a bad table.
+    """
+    from . import _core
+
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    offsets = _core.check_tables(cu, cu[-1] if T is None else int(T))
+    rows = [(n, c) for n in range(len(cu) - 1) for c in range(offsets[n + 1] - offsets[n])]
+    dtype = cu_seqlens.dtype if dtype is None else dtype
+    indices = torch.tensor(rows, dtype=dtype).reshape(len(rows), 2)
+    return indices.to(cu_seqlens.device), torch.tensor(offsets, dtype=dtype, device=cu_seqlens.device)
+
+
+# Packed batches whose tables break the conditions the kernels check on the device
+# (src/varlen.rs), for the GPU tests and the sanitizer driver. Each is the good batch
+# GOOD_BATCH (T = 300 tokens, sequences of 100, 130 and 70 tokens: chunk offsets 0, 2, 5,
+# 7) with one table replaced: "cu" (cu_seqlens), "chunk_offsets" ([N + 1]), "nt" (dh's
+# rows: len(chunk_indices)). "seq": the one failing sequence (None: several fail, garbage
+# values); "dh_rows" / "dv2_rows": the rows [start, end) where its outputs must be NaN
+# (None: its entries bound none); every other sequence's outputs are those of the good
+# batch. Values that fit int32, but for "garbage_int64".
+GOOD_BATCH = dict(lengths=[100, 130, 70], cu=[0, 100, 230, 300], T=300, nt=7)
+BAD_BATCHES = {
+    "first_offset": dict(cu=[5, 100, 230, 300], seq=0, dh_rows=(0, 2), dv2_rows=(5, 100)),
+    "decreasing": dict(cu=[0, 100, 230, 200], seq=2, dh_rows=None, dv2_rows=None),
+    "past_t": dict(cu=[0, 100, 230, 350], seq=2, dh_rows=(5, 7), dv2_rows=(230, 300)),
+    "chunk_offsets": dict(chunk_offsets=[0, 2, 5, 8], seq=2, dh_rows=(5, 7), dv2_rows=(230, 300)),
+    "past_nt": dict(nt=6, seq=2, dh_rows=(5, 6), dv2_rows=(230, 300)),
+    "garbage_int32": dict(cu=[0, 2**31 - 1, -(2**31), 300], chunk_offsets=[0, -5, 2**31 - 1, 3], seq=None),
+    "garbage_int64": dict(cu=[0, 2**40, 5, -(2**62)], seq=None),
+}
+
+
+def bad_batch(name: str) -> dict:
+    """``BAD_BATCHES[name]`` with the good batch's tables filled in: cu, chunk_offsets
+    (None where the case has none), nt, T, seq, dh_rows, dv2_rows."""
+    case = dict(BAD_BATCHES[name])
+    out = dict(cu=GOOD_BATCH["cu"], chunk_offsets=None, nt=GOOD_BATCH["nt"], T=GOOD_BATCH["T"])
+    out.update(case)
+    out.setdefault("dh_rows", None)
+    out.setdefault("dv2_rows", None)
+    return out
+
+
+# Memory layouts of one input that a caller may hand stage 4 (``relayout``): each holds the
+# values of a contiguous tensor (``expanded`` its own: one index repeated), none is packed
+# the way fla's function reads tensors but the aligned offset.
+LAYOUTS = (
+    "permuted",  # dims 1 and 2 swapped in memory: x.transpose(1, 2).contiguous().transpose(1, 2)
+    "slice_dim1",  # a slice of a larger tensor along dim 1 (T; HV of a state)
+    "slice_dim2",  # along dim 2 (heads; K of a state)
+    "slice_last",  # along the last dim (K or V; 4-D tensors)
+    "offset_misaligned",  # contiguous, one element past a 16-byte boundary
+    "offset_aligned",  # contiguous, 16 bytes into its storage
+    "expanded",  # stride 0 along dim 2 (index 0 repeated)
+)
+
+
+def relayout(x: torch.Tensor, layout: str, fill: float = float("nan")) -> torch.Tensor | None:
+    """``x``'s values in another memory layout (one of ``LAYOUTS``), in new storage whose
+    elements outside the view hold ``fill`` (NaN by default: whatever reads them shows).
+    ``expanded`` holds index 0 of dim 2 repeated (its own values, not x's). None where the
+    layout does not apply to x's shape (a dim of size 1 to permute, slice or expand: a
+    size-1 dim's stride is no layout at all; ``slice_last`` of a 3-D tensor). The result
+    is a view; ``x`` is not modified."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    shape = tuple(x.shape)
+    if layout == "permuted":
+        if x.dim() < 3 or shape[1] < 2 or shape[2] < 2:
+            return None
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout.startswith("slice_"):
+        d = {"slice_dim1": 1, "slice_dim2": 2, "slice_last": x.dim() - 1}[layout]
+        if x.dim() < 3 or (layout == "slice_last" and x.dim() != 4) or shape[d] < 2:
+            return None
+        big = list(shape)
+        big[d] += 2
+        out = torch.full(big, fill, dtype=x.dtype, device=x.device).narrow(d, 1, shape[d])
+        return out.copy_(x)
+    if layout.startswith("offset_"):
+        skip = 1 if layout == "offset_misaligned" else 16 // x.element_size()
+        flat = torch.full((x.numel() + skip,), fill, dtype=x.dtype, device=x.device)
+        return flat[skip:].view(shape).copy_(x)
+    # expanded
+    if x.dim() < 3 or shape[2] < 2:
+        return None
+    return x.narrow(2, 0, 1).clone().expand(shape)
+
+
 def naive_bwd_dhu(
     q,
     k,
