@@ -352,9 +352,10 @@ pub fn validate_dtypes(a: &CallArgs, check_device: bool, dtypes: &Dtypes) -> Res
             (None, hint) => hint,
         };
         if let Some(x) = nt {
-            // sum ceil(len_i / BT) <= ceil(T / BT) + N - 1 (fla's CUDA-graph budget is that
-            // bound); dh's extents reach the kernel as int32.
-            let bound = (t + BT - 1) / BT + n - 1;
+            // sum ceil(len_i / BT) <= ceil(T / BT) + N - 1 with the call's chunk size (fla's
+            // CUDA-graph budget is that bound); dh's extents reach the kernel as int32.
+            let bt = a.chunk_size.max(1);
+            let bound = (t + bt - 1) / bt + n - 1;
             if x < 0 || x > bound || x > i32::MAX as i64 {
                 return Err(Error::shape(
                     "chunk_indices",

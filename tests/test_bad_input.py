@@ -18,7 +18,7 @@ made with numpy and ctypes; the capsule cases run in a subprocess so that a cras
 shows as a failed test instead of ending the session.
 
 cu_seqlens' values are checked in Python on the GPU path only
-(``_dispatch._varlen_chunks``); those checks are called directly at the end.
+(``_core.check_tables``, the checker the kernel runs on the device); those checks are called directly at the end.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 kda-dhu answers every call of fla's stage-4 signature, on its kernel or through fla's
 function; its validation must not refuse a call fla computes. Known gaps are pinned here
-as strict expected failures (they pass the day the gap is closed, and then fail until
-the mark is removed), or as the named refusal they are today.
+as the named refusal they are today.
 """
 
 from __future__ import annotations
@@ -23,12 +22,6 @@ def _fla_chunk_indices(cu: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=cu.dtype).reshape(len(rows), 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="validation bounds len(chunk_indices) by 64-token chunks whatever chunk_size is "
-    "(src/validate.rs), so a packed batch of 32-token chunks (GDN allows 16, 32, 64) is refused",
-)
 def test_a_packed_batch_of_32_token_chunks_validates(rng):
     """GDN's chunk_size 32 with fla's chunk_indices for 32-token chunks: fla computes it
     (the planner would send it to fla: chunk_size != 64)."""

@@ -239,7 +239,12 @@ def _check_inputs() -> bool:
 
 def _on_cpu(q) -> bool:
     """q in host memory (a CPU torch tensor, a numpy array): the Rust core's CPU path."""
-    return not (isinstance(q, torch.Tensor) and q.is_cuda) and hasattr(q, "__dlpack__")
+    if isinstance(q, torch.Tensor):
+        return not q.is_cuda
+    try:
+        return q.__dlpack_device__()[0] == 1  # kDLCPU
+    except Exception:  # noqa: BLE001 - not a DLPack producer: validation names it
+        return False
 
 
 def _cpu(c: _Call):
@@ -261,10 +266,10 @@ def _general(rule: str, c: _Call, signature_entry: str):
         return _cpu(c)
     with _device_ctx(c.q):
         ok, reason, call, c = _decide(rule, c)
+        if call.nt == 0:  # nothing for either implementation to walk
+            return _empty_outputs(c, call)
         if not ok:
             return c.fla()
-        if call.nt == 0:
-            return _empty_outputs(c, call)
         if call.nt is None:  # capturing a graph with no chunk_indices: fla decides (and raises)
             return c.fla()
         if reason == "kernel-sm100a":
