@@ -35,13 +35,14 @@ struct FragGeom {
   int row0;      // 16w + l/4
   int col0;      // 2 (l % 4)
   uint32_t xr;   // l / 4: the swizzle's row term for every row this thread owns
-  __device__ __forceinline__ explicit FragGeom(int t)
+  // (Host and device: scripts/layout_check_regstate.cu checks it on the CPU.)
+  __host__ __device__ __forceinline__ explicit FragGeom(int t)
       : row0((t >> 5) * 16 + ((t & 31) >> 2)), col0(2 * (t & 3)), xr(uint32_t((t & 31) >> 2)) {}
   // Row and column of element i (of a 64-row block).
-  __device__ __forceinline__ int row(int i) const { return row0 + 8 * ((i >> 1) & 1); }
-  __device__ __forceinline__ int col(int i) const { return 8 * (i >> 2) + col0; }
+  __host__ __device__ __forceinline__ int row(int i) const { return row0 + 8 * ((i >> 1) & 1); }
+  __host__ __device__ __forceinline__ int col(int i) const { return 8 * (i >> 2) + col0; }
   // Byte offset of elements i, i + 1 in a sw128 [64 rows][64 cols] 16-bit tile.
-  __device__ __forceinline__ uint32_t sw(int i) const {
+  __host__ __device__ __forceinline__ uint32_t sw(int i) const {
     return uint32_t(row(i)) * 128u + ((uint32_t(i >> 2) ^ xr) << 4) + uint32_t(col0) * 2u;
   }
 };

@@ -66,6 +66,7 @@
 
 #include "dhu_common.cuh"
 #include "dhu_params.h"
+#include "dhu_sm90_regstate.cuh"
 
 namespace kda_dhu {
 namespace sm90 {
@@ -123,6 +124,13 @@ struct SmemMap {
   static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
   static_assert(BYTES + SLACK <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
 };
+
+// The host's mirror (smem_bytes_sm90 in src/launch.rs) is tested against these numbers.
+static_assert(SmemMap<128, 1>::BYTES + SmemMap<128, 1>::SLACK == 231952 &&
+                  SmemMap<64, 1>::BYTES + SmemMap<64, 1>::SLACK == 108736 &&
+                  SmemMap<128, 2>::BYTES + SmemMap<128, 2>::SLACK == 232128 &&
+                  SmemMap<64, 2>::BYTES + SmemMap<64, 2>::SLACK == 224016,
+              "shared memory map changed: update smem_bytes_sm90 in src/launch.rs and its test");
 
 // DV's B operand is sBh: (v, k) mn-major ([k][v], the [K, V] dh checkpoint's layout), or
 // k-major ([v][k]) with state_v_first (SVF), whose dh checkpoints are [V, K].
@@ -605,3 +613,39 @@ KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_bf16_wg2_svf, 64, cutlass::bfloat16_t, 2, tr
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k64_fp16_wg2_svf, 64, cutlass::half_t, 2, true)
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_bf16_wg2_svf, 128, cutlass::bfloat16_t, 2, true)
 KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_wg2_svf, 128, cutlass::half_t, 2, true)
+
+// The register-state variant (dhu_sm90_regstate.cuh): the state held transposed in
+// registers, both chain products with A from registers. Same slots, `_rs` names.
+#define KDA_DHU_SM90_RS_ENTRY(NAME, K, T, NWG, SVF)                                          \
+  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::num_threads<NWG>(), 1) \
+      NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                   \
+    kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, NWG, SVF>(p);                           \
+  }
+
+// The host's mirror (smem_bytes_sm90_regstate in src/launch.rs) is tested against these numbers.
+static_assert(kda_dhu::sm90_regstate::SmemMap<128, 1>::BYTES + kda_dhu::sm90_regstate::SmemMap<128, 1>::SLACK ==
+                      225456 &&
+                  kda_dhu::sm90_regstate::SmemMap<64, 1>::BYTES + kda_dhu::sm90_regstate::SmemMap<64, 1>::SLACK ==
+                      100992 &&
+                  kda_dhu::sm90_regstate::SmemMap<128, 2>::BYTES + kda_dhu::sm90_regstate::SmemMap<128, 2>::SLACK ==
+                      216192 &&
+                  kda_dhu::sm90_regstate::SmemMap<64, 2>::BYTES + kda_dhu::sm90_regstate::SmemMap<64, 2>::SLACK ==
+                      208304,
+              "register-state shared memory map changed: update smem_bytes_sm90_regstate in src/launch.rs");
+
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16, 64, cutlass::bfloat16_t, 1, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_fp16, 64, cutlass::half_t, 1, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_bf16, 128, cutlass::bfloat16_t, 1, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_fp16, 128, cutlass::half_t, 1, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16_wg2, 64, cutlass::bfloat16_t, 2, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_fp16_wg2, 64, cutlass::half_t, 2, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_bf16_wg2, 128, cutlass::bfloat16_t, 2, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_fp16_wg2, 128, cutlass::half_t, 2, false)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16_svf, 64, cutlass::bfloat16_t, 1, true)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_fp16_svf, 64, cutlass::half_t, 1, true)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_bf16_svf, 128, cutlass::bfloat16_t, 1, true)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_fp16_svf, 128, cutlass::half_t, 1, true)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16_wg2_svf, 64, cutlass::bfloat16_t, 2, true)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_fp16_wg2_svf, 64, cutlass::half_t, 2, true)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_bf16_wg2_svf, 128, cutlass::bfloat16_t, 2, true)
+KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_fp16_wg2_svf, 128, cutlass::half_t, 2, true)

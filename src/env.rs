@@ -7,6 +7,7 @@
 //! | `KDA_DHU_FORCE` | `kernel`, `fla` | force a path (debugging): `kernel` runs the kernel wherever it can compute the call (the planner's "capable" rule) and raises where it cannot; `fla` always runs fla's function |
 //! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
+//! | `KDA_DHU_SM90_VARIANT` | `regstate`, `smem` | Hopper kernel: `regstate` runs the register-state variant (cuda/dhu_sm90_regstate.cuh) on every sm_90a call; `smem` or unset, the default kernel (measurements) |
 //! | `KDA_DHU_SM100` | `check`, `wait`, `on`, `off` | Blackwell kernel (python/kda_dhu/_selfcheck.py): unset or `check`, each shape signature runs fla until a check in a child process passed it (in the background); `wait`, the signature's first call waits for that verdict; `on`, the kernel runs unchecked; `off`, never |
 //! | `KDA_DHU_CACHE_DIR` | a folder | where the Blackwell kernel's check keeps its verdicts (else `$XDG_CACHE_HOME/kda_dhu`, else `~/.cache/kda_dhu`): a path, so read as it is (not lower-cased) by python/kda_dhu/_selfcheck_cache.py, not here |
 //! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
@@ -27,6 +28,7 @@ pub enum Force {
 pub const FORCE: &str = "KDA_DHU_FORCE";
 pub const CHECK_INPUTS: &str = "KDA_DHU_CHECK_INPUTS";
 pub const SM90_NWG: &str = "KDA_DHU_SM90_NWG";
+pub const SM90_VARIANT: &str = "KDA_DHU_SM90_VARIANT";
 pub const SM100: &str = "KDA_DHU_SM100";
 pub const NO_EXCHANGE_API: &str = "KDA_DHU_NO_EXCHANGE_API";
 pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
@@ -38,6 +40,7 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (FORCE, "kernel|fla: force a path (debugging)"),
     (CHECK_INPUTS, "1: check packed-batch tables on the host before each call (synchronizes)"),
     (SM90_NWG, "1|2: Hopper kernel's consumer warpgroups per CTA (measurements)"),
+    (SM90_VARIANT, "regstate|smem: Hopper kernel variant, smem (the default) until regstate is measured"),
     (SM100, "check|wait|on|off: the Blackwell kernel's check in a child process (on: unchecked, off: never)"),
     (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
@@ -90,6 +93,12 @@ pub fn image() -> Option<String> {
 /// `KDA_DHU_IMAGE_FILE`, as given (a path: not lower-cased); None when unset or empty.
 pub fn image_file() -> Option<std::path::PathBuf> {
     std::env::var_os(IMAGE_FILE).filter(|v| !v.is_empty()).map(std::path::PathBuf::from)
+}
+
+/// `KDA_DHU_SM90_VARIANT` = `regstate`: the register-state Hopper kernel; other values
+/// (`smem`, unset) keep the default kernel.
+pub fn sm90_regstate() -> bool {
+    value(SM90_VARIANT).as_deref() == Some("regstate")
 }
 
 /// `KDA_DHU_NO_EXCHANGE_API`.

@@ -22,7 +22,7 @@ use crate::driver::{
 use crate::env;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, MAX_SLOTS};
+use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, Sm90Variant, MAX_SLOTS};
 use crate::tensor::TensorMeta;
 use crate::tma::{tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
@@ -76,6 +76,34 @@ pub fn smem_bytes_sm90(k: u32, nwg: u32) -> u32 {
     }
 }
 
+/// Dynamic shared memory of the register-state Hopper kernel for head dim `k` and `nwg`
+/// consumer warpgroups: mirror of `SmemMap<K, NWG>::BYTES + SLACK` in
+/// cuda/dhu_sm90_regstate.cuh (its ring has the default kernel's stages; per warpgroup one
+/// dh and one dv2 staging tile; per stage the exp2(gk) row and the g gate vectors).
+/// Change both together (dhu_sm90.cu static_asserts the numbers of the test below).
+pub fn smem_bytes_sm90_regstate(k: u32, nwg: u32) -> u32 {
+    const BT: u32 = 64;
+    const BV: u32 = 64;
+    const G_LEN: u32 = 136;
+    let stages = stages_sm90(k, nwg);
+    let ktile = BT * k * 2; // one of k, q, w for one chunk
+    let vtile = BT * BV * 2; // one warpgroup's tile of do, dv, dv2
+    let stage = 3 * ktile + 2 * nwg * vtile;
+    let bh = k * BV * 2;
+    let bytes = stages * stage // TMA ring
+        + nwg * bh // bf16 state per warpgroup: the dh checkpoint's TMA source
+        + nwg * vtile // dv2 per warpgroup: its TMA source
+        + stages * k * 4 // exp2(gk) rows
+        + stages * G_LEN * 4 // g gate vectors
+        + 2 * stages * 8 // mbarriers full[s], empty[s]
+        + 32; // the CTA's sequence extent (SeqExtent::SMEM_BYTES)
+    if bytes + 1024 <= SMEM_OPTIN_MAX_SM90 {
+        bytes + 1024
+    } else {
+        bytes
+    }
+}
+
 /// Dynamic shared memory of the Blackwell kernel for head dim `k`: mirror of
 /// `SmemMap<K>::BYTES` in cuda/dhu_sm100.cu plus 1024 bytes to align the base to 1024.
 /// Change both together.
@@ -99,11 +127,12 @@ pub fn smem_bytes_sm100(k: u32) -> u32 {
     bytes + 1024
 }
 
-/// Dynamic shared memory of `arch`'s kernel for head dim `k` (`nwg` warpgroups on sm_90a).
-pub fn smem_bytes(arch: Arch, k: u32, nwg: u32) -> u32 {
-    match arch {
-        Arch::Sm90 => smem_bytes_sm90(k, nwg),
-        Arch::Sm100 => smem_bytes_sm100(k),
+/// Dynamic shared memory of the kernel `config` names on `arch`.
+pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
+    match (arch, config.variant) {
+        (Arch::Sm90, Sm90Variant::Smem) => smem_bytes_sm90(config.k, config.nwg),
+        (Arch::Sm90, Sm90Variant::RegState) => smem_bytes_sm90_regstate(config.k, config.nwg),
+        (Arch::Sm100, _) => smem_bytes_sm100(config.k),
     }
 }
 
@@ -226,7 +255,7 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
                 Error::Cuda { what: format!("cuModuleGetFunction({name}) on cuda:{ordinal}"), code: error_name(res) }
             }
         })?;
-        let smem = smem_bytes(arch, cfg.k, cfg.nwg);
+        let smem = smem_bytes(arch, &cfg);
         if smem as i64 > target.max_smem_optin as i64 {
             return Err(target.unavailable(
                 format!(
@@ -807,7 +836,7 @@ fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &
     if desc.varlen() {
         params.error = dev.error_record()?.device;
     }
-    let smem = smem_bytes(arch, config.k, config.nwg);
+    let smem = smem_bytes(arch, &config);
     let block = config.block_threads(arch);
     let [gx, gy, gz] = config.grid;
     let mut kernel_args: [*mut c_void; 1] = [&mut params as *mut DhuParams as *mut c_void];
@@ -885,6 +914,7 @@ mod tests {
             grid: [2, 8, 2],
             nwg: 1,
             svf: false,
+            variant: Sm90Variant::Smem,
         };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
@@ -914,6 +944,7 @@ mod tests {
             grid: [1, 4, 3],
             nwg: 1,
             svf: false,
+            variant: Sm90Variant::Smem,
         };
         let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
         assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t, p.n), (0x40, 0, 17, 1000, 3));
@@ -1129,8 +1160,43 @@ mod tests {
         for k in [64, 128] {
             // 227 KB is the opt-in maximum per block on sm_100 too.
             assert!(smem_bytes_sm100(k) <= 227 * 1024);
-            assert_eq!(smem_bytes(Arch::Sm100, k, 1), smem_bytes_sm100(k));
-            assert_eq!(smem_bytes(Arch::Sm90, k, 2), smem_bytes_sm90(k, 2));
+        }
+    }
+
+    #[test]
+    fn smem_mirrors_the_sm90_regstate_smem_map() {
+        // SmemMap<K, NWG>::BYTES + SLACK by hand from cuda/dhu_sm90_regstate.cuh (the
+        // numbers dhu_sm90.cu static_asserts): ring STAGES x (3 k/q/w tiles + 2 NWG v
+        // tiles), NWG sBh (K x 64 x 2), NWG sDv2 (8192), STAGES exp2(gk) rows (4K),
+        // STAGES x 136 x 4 gate vectors, 2 STAGES mbarriers, 32-byte extent, + 1024.
+        // K = 128, 1 wg, 3 stages: 196608 + 16384 + 8192 + 1536 + 1632 + 48 + 32 + 1024.
+        assert_eq!(smem_bytes_sm90_regstate(128, 1), 225456);
+        // K = 64, 1 wg, 2 stages: 81920 + 8192 + 8192 + 512 + 1088 + 32 + 32 + 1024.
+        assert_eq!(smem_bytes_sm90_regstate(64, 1), 100992);
+        // K = 128, 2 wg, 2 stages: 163840 + 32768 + 16384 + 1024 + 1088 + 32 + 32 + 1024.
+        assert_eq!(smem_bytes_sm90_regstate(128, 2), 216192);
+        // K = 64, 2 wg, 3 stages: 172032 + 16384 + 16384 + 768 + 1632 + 48 + 32 + 1024.
+        assert_eq!(smem_bytes_sm90_regstate(64, 2), 208304);
+        for k in [64, 128] {
+            for nwg in [1, 2] {
+                assert!(smem_bytes_sm90_regstate(k, nwg) <= SMEM_OPTIN_MAX_SM90);
+            }
+        }
+        // K = 64 with one warpgroup: two CTAs fit an SM, as with the default kernel.
+        assert!(2 * (smem_bytes_sm90_regstate(64, 1) + 1024) <= 228 * 1024);
+    }
+
+    #[test]
+    fn smem_bytes_follows_the_config() {
+        for cfg in KernelConfig::all(Arch::Sm90) {
+            let want = match cfg.variant {
+                Sm90Variant::Smem => smem_bytes_sm90(cfg.k, cfg.nwg),
+                Sm90Variant::RegState => smem_bytes_sm90_regstate(cfg.k, cfg.nwg),
+            };
+            assert_eq!(smem_bytes(Arch::Sm90, &cfg), want, "{}", cfg.entry_point(Arch::Sm90));
+        }
+        for cfg in KernelConfig::all(Arch::Sm100) {
+            assert_eq!(smem_bytes(Arch::Sm100, &cfg), smem_bytes_sm100(cfg.k));
         }
     }
 
@@ -1262,8 +1328,7 @@ mod tests {
         let api = FakeModules::ok();
         let k = load_with(&api, &H200_TARGET).unwrap();
         assert!(k.funcs.iter().all(|f| !f.0.is_null()));
-        let want: Vec<i32> =
-            KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c.k, c.nwg) as i32).collect();
+        let want: Vec<i32> = KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c) as i32).collect();
         assert_eq!(*api.smem_set.borrow(), want);
     }
 

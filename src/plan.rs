@@ -191,6 +191,19 @@ impl DeviceInfo {
     }
 }
 
+/// Which of the sm_90a image's two kernels runs a call. Both compute every call the
+/// planner sends to sm_90a (K 64 / 128, bf16 / fp16, g / gk / no gate, GVA, tails,
+/// packed batches, optional dht / h0, state_v_first, one or two warpgroups).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sm90Variant {
+    /// cuda/dhu_sm90.cu's `dhu_kernel`: the state [K, 64] in registers, bf16(b) and dv2
+    /// through shared memory as the B operands of DV and WD (the default).
+    Smem,
+    /// cuda/dhu_sm90_regstate.cuh: the state held transposed, [64, K], both chain
+    /// products with A from registers (`KDA_DHU_SM90_VARIANT=regstate`, until measured).
+    RegState,
+}
+
 /// Which compiled kernel runs and with which flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelConfig {
@@ -207,11 +220,14 @@ pub struct KernelConfig {
     pub nwg: u32,
     /// state_v_first (sm_90a): dh, dht, h0, dh0 are [.., V, K].
     pub svf: bool,
+    /// The sm_90a kernel (Smem on sm_100a, which has one).
+    pub variant: Sm90Variant,
 }
 
 /// The sm_90a image's entry points in slot order: k64/k128 x bf16/fp16, then the same
-/// with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`).
-const SM90_ENTRIES: [&str; 16] = [
+/// with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`); then the
+/// same sixteen of the register-state variant (`_rs`).
+const SM90_ENTRIES: [&str; 32] = [
     "kda_dhu_sm90_k64_bf16",
     "kda_dhu_sm90_k64_fp16",
     "kda_dhu_sm90_k128_bf16",
@@ -228,6 +244,22 @@ const SM90_ENTRIES: [&str; 16] = [
     "kda_dhu_sm90_k64_fp16_wg2_svf",
     "kda_dhu_sm90_k128_bf16_wg2_svf",
     "kda_dhu_sm90_k128_fp16_wg2_svf",
+    "kda_dhu_sm90_rs_k64_bf16",
+    "kda_dhu_sm90_rs_k64_fp16",
+    "kda_dhu_sm90_rs_k128_bf16",
+    "kda_dhu_sm90_rs_k128_fp16",
+    "kda_dhu_sm90_rs_k64_bf16_wg2",
+    "kda_dhu_sm90_rs_k64_fp16_wg2",
+    "kda_dhu_sm90_rs_k128_bf16_wg2",
+    "kda_dhu_sm90_rs_k128_fp16_wg2",
+    "kda_dhu_sm90_rs_k64_bf16_svf",
+    "kda_dhu_sm90_rs_k64_fp16_svf",
+    "kda_dhu_sm90_rs_k128_bf16_svf",
+    "kda_dhu_sm90_rs_k128_fp16_svf",
+    "kda_dhu_sm90_rs_k64_bf16_wg2_svf",
+    "kda_dhu_sm90_rs_k64_fp16_wg2_svf",
+    "kda_dhu_sm90_rs_k128_bf16_wg2_svf",
+    "kda_dhu_sm90_rs_k128_fp16_wg2_svf",
 ];
 /// The sm_100a image's (one kernel shape, [K, V] states).
 const SM100_ENTRIES: [&str; 4] =
@@ -240,31 +272,39 @@ impl KernelConfig {
     pub fn entry_point(&self, arch: Arch) -> &'static str {
         match arch {
             Arch::Sm90 => SM90_ENTRIES[self.slot()],
-            // one kernel shape: the planner never sends nwg 2 or state_v_first there
+            // one kernel shape: the planner never sends nwg 2, state_v_first or the
+            // register-state variant there
             Arch::Sm100 => SM100_ENTRIES[self.slot() % SM100_ENTRIES.len()],
         }
     }
 
     /// Every kernel `arch`'s image holds, in slot order (the table launch.rs loads).
     pub fn all(arch: Arch) -> Vec<KernelConfig> {
-        let variants: &[(bool, u32)] =
-            if arch == Arch::Sm90 { &[(false, 1), (false, 2), (true, 1), (true, 2)] } else { &[(false, 1)] };
+        let (kernels, shapes): (&[Sm90Variant], &[(bool, u32)]) = if arch == Arch::Sm90 {
+            (&[Sm90Variant::Smem, Sm90Variant::RegState], &[(false, 1), (false, 2), (true, 1), (true, 2)])
+        } else {
+            (&[Sm90Variant::Smem], &[(false, 1)])
+        };
         let mut configs = Vec::new();
-        for &(svf, nwg) in variants {
-            for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf });
+        for &variant in kernels {
+            for &(svf, nwg) in shapes {
+                for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
+                    configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf, variant });
+                }
             }
         }
         configs
     }
 
     /// Index into a per-arch table of the entry points (k64/k128 × bf16/fp16, then the
-    /// same four with two warpgroups, then those eight with state_v_first).
+    /// same four with two warpgroups, then those eight with state_v_first; then the
+    /// register-state variant's sixteen in the same order).
     pub fn slot(&self) -> usize {
         (if self.k == 64 { 0 } else { 2 })
             + usize::from(self.dtype != DType::BF16)
             + if self.nwg == 2 { 4 } else { 0 }
             + if self.svf { 8 } else { 0 }
+            + if self.variant == Sm90Variant::RegState { 16 } else { 0 }
     }
 
     /// Threads per CTA.
@@ -463,7 +503,19 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
             grid: [(d.v / (BV * i64::from(nwg))) as u32, d.hv as u32, d.n as u32],
             nwg,
             svf: desc.state_v_first,
+            variant: sm90_variant(arch, crate::env::sm90_regstate()),
         },
+    }
+}
+
+/// The sm_90a kernel for a call the planner sends to `arch`: the register-state variant
+/// where `regstate` (`KDA_DHU_SM90_VARIANT=regstate`) asks for it on sm_90a (it computes
+/// every call the default kernel does, with the same grid and threads), else the default.
+pub fn sm90_variant(arch: Arch, regstate: bool) -> Sm90Variant {
+    if arch == Arch::Sm90 && regstate {
+        Sm90Variant::RegState
+    } else {
+        Sm90Variant::Smem
     }
 }
 
@@ -770,6 +822,48 @@ mod tests {
     }
 
     #[test]
+    fn register_state_variant_only_when_switched_on_and_only_on_sm90() {
+        assert_eq!(sm90_variant(Arch::Sm90, true), Sm90Variant::RegState);
+        assert_eq!(sm90_variant(Arch::Sm90, false), Sm90Variant::Smem);
+        assert_eq!(sm90_variant(Arch::Sm100, true), Sm90Variant::Smem, "sm_100a has one kernel");
+        let image = KernelConfig::all(Arch::Sm90);
+        let mut kernels = 0;
+        for (what, mutate, _, _) in clauses() {
+            for dev in [H200, B200] {
+                for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {
+                    for nwg in [None, Some(1), Some(2)] {
+                        let mut d = base();
+                        mutate(&mut d);
+                        let Plan::Kernel { arch, config } = plan(&d, &dev, rule) else { continue };
+                        // Switched off (the test environment): the default kernel.
+                        assert_eq!(config.variant, Sm90Variant::Smem, "{what} {rule:?}");
+                        // Switched on: the same call on the register-state kernel of the
+                        // image (same grid, threads, flags), on sm_90a only.
+                        let n = warpgroups(&d, &dev, arch, nwg);
+                        let cfg = KernelConfig {
+                            nwg: n,
+                            grid: [(d.dims.v / (BV * i64::from(n))) as u32, config.grid[1], config.grid[2]],
+                            variant: sm90_variant(arch, true),
+                            ..config
+                        };
+                        if arch == Arch::Sm100 {
+                            assert_eq!(cfg.variant, Sm90Variant::Smem);
+                            continue;
+                        }
+                        kernels += 1;
+                        let name = cfg.entry_point(arch);
+                        let default = KernelConfig { variant: Sm90Variant::Smem, ..cfg }.entry_point(arch);
+                        assert_eq!(name, default.replace("kda_dhu_sm90_", "kda_dhu_sm90_rs_"), "{what}");
+                        assert_eq!(image[cfg.slot()].entry_point(arch), name);
+                        assert_eq!(cfg.block_threads(arch), arch.block_threads_for(n));
+                    }
+                }
+            }
+        }
+        assert!(kernels > 50, "{kernels} sm_90a kernel plans checked");
+    }
+
+    #[test]
     fn two_warpgroups_where_the_grid_still_fills_the_device() {
         // base(): B4 HV32 V128 on 132 SMs: 4 * 32 * 1 = 128 CTAs of two warpgroups < 132,
         // so one warpgroup per CTA (256 CTAs).
@@ -1017,7 +1111,15 @@ mod tests {
 
     #[test]
     fn entry_points_and_slots() {
-        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false };
+        let mut c = KernelConfig {
+            k: 64,
+            dtype: DType::BF16,
+            flags: 0,
+            grid: [1, 1, 1],
+            nwg: 1,
+            svf: false,
+            variant: Sm90Variant::Smem,
+        };
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {
@@ -1065,9 +1167,24 @@ mod tests {
                 assert_eq!((c.slot(), c.entry_point(Arch::Sm90)), (first + i, name.as_str()));
             }
         }
+        // The register-state variant: the same sixteen, 16 slots on, `_rs` names.
+        c.variant = Sm90Variant::RegState;
+        for (nwg, svf, suffix) in [(1u32, false, ""), (2, false, "_wg2"), (1, true, "_svf"), (2, true, "_wg2_svf")] {
+            c.nwg = nwg;
+            c.svf = svf;
+            for (k, dt) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
+                c.k = k;
+                c.dtype = dt;
+                let name = format!("kda_dhu_sm90_rs_k{k}_{}{suffix}", if dt == DType::BF16 { "bf16" } else { "fp16" });
+                let plain = KernelConfig { variant: Sm90Variant::Smem, ..c };
+                assert_eq!((c.slot(), c.entry_point(Arch::Sm90)), (plain.slot() + 16, name.as_str()));
+            }
+        }
+        c.variant = Sm90Variant::Smem;
         let all = KernelConfig::all(Arch::Sm90);
         assert_eq!(all.len(), MAX_SLOTS);
         assert!(all.iter().enumerate().all(|(i, c)| c.slot() == i));
+        assert_eq!(all.iter().filter(|c| c.variant == Sm90Variant::RegState).count(), 16);
         c.svf = false;
         c.nwg = 1;
         let mut seen = Vec::new();

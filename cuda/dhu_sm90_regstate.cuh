@@ -1,0 +1,767 @@
+// Stage 4 of fla's chunked gated delta rule backward on Hopper (sm_90a), with the state
+// held transposed in registers: both products of the serial chain take their A operand
+// from registers (wgmma's register-A form), so nothing on the chain waits on shared
+// memory, a proxy fence or a named barrier. Same calls, grid and threads as dhu_sm90.cu's
+// kernel (the planner picks it under KDA_DHU_SM90_VARIANT=regstate).
+//
+// What a consumer warpgroup owns: (sequence n, value head hv, V tile of BV = 64 columns),
+// as in dhu_sm90.cu; it walks the sequence's chunks of BT = 64 tokens newest first. A CTA
+// holds NWG = 1 or 2 of them (NWG = 2: the two V tiles of 128 columns share the stage's
+// k, q, w loads, two independent chains per SM). The state gradient is kept as
+// b^T [BV, K] in fp32 registers: M = BV = 64 rows (wgmma's M), N = K columns. Per chunk
+// (SPEC.md's recurrence, transposed; the state is b itself, not negated):
+//
+//     dh[chunk]^T     = bf16(b^T)                               registers -> sBh (stmatrix) -> TMA store
+//     DV^T  [BV, BT]  = bf16(b^T) [BV, K] . k^T [K, BT]         wgmma RS: A = bf16(b^T), B = k (K-major)
+//     dv2^T [BV, BT]  = gate(t) * DV^T + dv^T  -> q.dtype      registers; re-packed as WD's A (K dim = BT)
+//     b^T             = decay(k) * b^T + scale * QD^T           fp32 registers (scale after the dot, as fla)
+//     b^T            += -(dv2^T [BV, BT] . w [BT, K])           wgmma RS into b^T, A scaled by -1 (exact)
+//     QD^T  [BV, K]   = do^T [BV, BT] . q [BT, K]  (next chunk) wgmma SS: A = do (MN-major), B = q (MN-major)
+//
+//   gate(t) = exp2(g[e-1] - g[t]) with the scalar gate g, else 1 (per column t of DV^T);
+//   decay(k) = exp2(gk[e-1, k]) with gk (per column k of b^T), exp2(g[e-1]) with g, else 1;
+//   with g, do's rows are weighted by exp2(g[t]) in shared memory and rounded to q.dtype
+//   before QD (q^T diag(e) do == (diag(e) do)^T q), as dhu_sm90.cu does.
+//
+// fla's rounding points are kept: b is rounded to q.dtype before k.b (DV's A fragment),
+// dv2 is rounded before w^T.dv2 (WD's A fragment), and scale multiplies the fp32 QD
+// accumulator. Without g, DV's accumulator starts from dv^T itself (fp32), so the tensor
+// core adds dv: dv2's sum differs from fla's order only at fp32 rounding.
+//
+// Fragment geometry. An m64nNk16 accumulator element i = 4j + 2h + c of thread t (warp
+// w = t / 32, lane l) sits at row 16w + l/4 + 8h, column 8j + 2(l%4) + c (FragGeom in
+// dhu_common.cuh); the A fragment of k-block kb (16 columns) is registers 4kb..4kb+3, each
+// two 16-bit values, register 4kb + m holding elements 8kb + 2m, 8kb + 2m + 1: the same
+// rows and columns. So an accumulator re-packed pairwise is the A fragment of the next
+// product whose K dim is its N (as FlashAttention-3 feeds P into P.V), and ldmatrix /
+// stmatrix x4 of one k-block move registers 4kb..4kb+3 (SmGeom below). Checked on the
+// CPU by scripts/layout_check_regstate.sh.
+//
+// The serial chain per chunk: bf16(b) -> DV -> dv2 -> WD -> bf16(b): two wgmma batches and
+// two register epilogues. The tensor pipe runs DV_i, QD_{i+1}, WD_i back to back; the
+// fold of QD_i into b, QD_{i+1}'s issue, the dh store's staging and its barrier run while
+// DV_i is in flight, the dv2 staging, its barrier, the TMA stores and the next chunk's dv
+// loads while WD_i is. No wgmma group stays in flight across the loop's back edge: ptxas
+// serializes every wgmma of the kernel otherwise (C7514/C7518). Pipeline and buffer reuse:
+// docs/dhu_sm90_regstate_pipeline.md.
+//
+// Warp roles (as dhu_sm90.cu: NWG = 1: 160 threads; NWG = 2: 384, the producer a whole
+// warpgroup so that setmaxnreg can hand its registers to the consumers):
+//   warpgroup wg < NWG  consumers of V tile wg: all wgmma, the fp32 recurrence, the
+//                       epilogues, TMA stores (issued by the warpgroup's thread 0)
+//   next warp           producer: TMA loads of a stage (k, q, w, NWG do and dv tiles), then
+//                       the gate vectors from plain loads made one chunk ahead (their DRAM
+//                       round trip off the stage's critical path): exp2(gk[e-1]) per K
+//                       column, exp2(g[e-1] - g[t]), exp2(g[t]), exp2(g[e-1])
+//
+// Operand majors (shared-memory tiles exactly as TMA wrote them, 128-byte swizzled):
+//   k     [t][k]  K/64 boxes of [64 t][64 k]  B of DV (N = t, K dim = k): K-major
+//   q, w  [t][k]  same bytes                  B of QD / WD (N = k, K dim = t): MN-major
+//   do    [t][v]  [64 t][64 v]                A of QD (M = v, K dim = t): MN-major
+//   dv    [t][v]  [64 t][64 v]                ldmatrix.trans into DV's accumulator order
+//   dv2   [t][v]  [64 t][64 v]                stmatrix.trans from WD's A fragment (TMA store source)
+//   sBh   [k][v]  [K rows k][64 v]            stmatrix.trans from DV's A fragment: the [K, V] dh box
+//         (SVF, state_v_first: [K/64 boxes][64 v][64 k], stmatrix: the [V, K] checkpoint's boxes)
+// Why: the register forms need A K-major in registers, which is the state's and dv2's
+// accumulator layout once the state is transposed (M = V); every B operand and QD's A
+// are the tiles as TMA loads them, so no operand is rewritten for the tensor core.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "dhu_common.cuh"
+#include "dhu_params.h"
+
+namespace kda_dhu {
+namespace sm90_regstate {
+
+using namespace cute;
+
+constexpr int BT = 64;
+constexpr int BV = 64;  // V columns per consumer warpgroup: wgmma's M
+constexpr int WG_THREADS = 128;
+// The opt-in maximum of dynamic shared memory per block on sm_90.
+constexpr int SMEM_OPTIN_MAX = 227 * 1024;
+// Depth of the TMA ring: 3 where shared memory allows, else 2 (K = 64 with one warpgroup
+// keeps 2 so that two CTAs share an SM; K = 128 with two warpgroups has no room).
+template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG == 1) ? 3 : 2; }
+template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 32 : (NWG + 1) * WG_THREADS; }
+// NWG = 2: setmaxnreg moves the producer warpgroup's registers to the consumers:
+// 2 x 128 x 240 + 128 x 24 = 64512 <= 65536.
+constexpr int PRODUCER_REGS_WG2 = 24;
+constexpr int CONSUMER_REGS_WG2 = 240;
+// Named barrier ids (0 is __syncthreads): 1 + wg for warpgroup wg's 128 threads,
+// ALL_CONSUMERS for every consumer thread (NWG = 2: the shared q / w rows of a short chunk).
+constexpr int ALL_CONSUMERS = 3;
+
+// Per stage, the gate vectors the producer writes (fp32): exp2(g[e-1] - g[t]) at
+// [G_GATE, G_GATE + 64), exp2(g[t]) at [G_WEIGHT, G_WEIGHT + 64) (both 0 past the chunk's
+// last token), exp2(g[e-1]) at G_DECAY; G_LEN floats, a multiple of 4 (16-byte rows).
+constexpr int G_GATE = 0;
+constexpr int G_WEIGHT = 64;
+constexpr int G_DECAY = 128;
+constexpr int G_LEN = 136;
+
+// Shared memory map, in bytes from a 1024-aligned base. Mirrored by
+// smem_bytes_sm90_regstate in src/launch.rs (the host asks for BYTES + SLACK).
+template <int K, int NWG>
+struct SmemMap {
+  static constexpr int STAGES = num_stages<K, NWG>();
+  static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
+  static constexpr int VTILE = BT * BV * 2;        // one warpgroup's tile of do, dv, dv2
+  static constexpr int K_OFF = 0;
+  static constexpr int Q_OFF = K_OFF + KTILE;
+  static constexpr int W_OFF = Q_OFF + KTILE;
+  static constexpr int DO_OFF = W_OFF + KTILE;     // NWG tiles
+  static constexpr int DV_OFF = DO_OFF + NWG * VTILE;
+  static constexpr int STAGE = DV_OFF + NWG * VTILE;
+  static constexpr int BH_OFF = STAGES * STAGE;    // one sBh per warpgroup (the dh store's source)
+  static constexpr int BH = K * BV * 2;
+  static constexpr int DV2_OFF = BH_OFF + NWG * BH;  // one sDv2 per warpgroup
+  static constexpr int DECAY_OFF = DV2_OFF + NWG * VTILE;  // STAGES x K fp32: exp2(gk[e-1])
+  static constexpr int GATE_OFF = DECAY_OFF + STAGES * K * 4;  // STAGES x G_LEN fp32
+  static constexpr int BAR_OFF = GATE_OFF + STAGES * G_LEN * 4;
+  static constexpr int EXT_OFF = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
+  static constexpr int BYTES = EXT_OFF + SeqExtent::SMEM_BYTES;
+  // 1024 to align the base up where that fits, else none (the kernel then requires an
+  // aligned base, as dhu_sm90.cu's K = 128 one-warpgroup map does).
+  static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
+  static_assert(STAGE % 1024 == 0 && BH % 1024 == 0 && VTILE % 1024 == 0, "sw128 tiles need 1024-byte bases");
+  static_assert(BYTES + SLACK <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
+};
+
+// ldmatrix / stmatrix x4 of one k-block (16 columns) of a 64-row fragment: warp w's four
+// 8x8 matrices m = 0..3 cover rows 16w + 8(m & 1) + [0, 8) and columns 16kb + 8(m >> 1) +
+// [0, 8), register m of each thread being the fragment's register 4kb + m. Lane l gives
+// the address of row l % 8 of matrix l / 8 (16 bytes). Tiles are 128-byte rows of 64
+// 16-bit values, 128-byte swizzled: the 16-byte chunk index XORed with row % 8.
+struct SmGeom {
+  // Tiles whose rows are the fragment's columns ([t][v]: do, dv, dv2; [k][v]: the [K, V]
+  // state), read / written with .trans: row 16kb + 8(m >> 1) + l % 8, chunk (2w + (m & 1))
+  // ^ (l % 8). The lane's byte offset for k-block 0; k-block kb adds kb * 2048 (16 rows).
+  __host__ __device__ static constexpr uint32_t trans_off(int w, int lane) {
+    return uint32_t((8 * ((lane >> 3) >> 1) + (lane & 7)) * 128 + (((2 * w + ((lane >> 3) & 1)) ^ (lane & 7)) << 4));
+  }
+  // Tiles whose rows are the fragment's rows ([v][k]: the state_v_first state, K/64 boxes
+  // of [64 v][64 k] at 8192 bytes), written without .trans: row 16w + 8(m & 1) + l % 8,
+  // chunk ((16kb + 8(m >> 1)) / 8) % 8 ^ (l % 8), box kb / 4.
+  __host__ __device__ static constexpr uint32_t direct_off(int w, int lane, int kb) {
+    return uint32_t((kb >> 2) * 8192 + (16 * w + 8 * ((lane >> 3) & 1) + (lane & 7)) * 128 +
+                    (((2 * (kb & 3) + ((lane >> 3) >> 1)) ^ (lane & 7)) << 4));
+  }
+};
+
+// The wgmma atoms: m64nNk16, fp32 accumulators; RS: A K-major from registers, SS: A and
+// B MN-major from shared memory (QD: do^T and q).
+template <class T, int N> struct SsAtom;
+template <> struct SsAtom<cutlass::bfloat16_t, 64> {
+  using type = SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <> struct SsAtom<cutlass::bfloat16_t, 128> {
+  using type = SM90_64x128x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <> struct SsAtom<cutlass::half_t, 64> {
+  using type = SM90_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <> struct SsAtom<cutlass::half_t, 128> {
+  using type = SM90_64x128x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>;
+};
+template <class T, int N, GMMA::Major MB, GMMA::ScaleIn SA> struct RsAtom;
+template <GMMA::Major MB, GMMA::ScaleIn SA> struct RsAtom<cutlass::bfloat16_t, 64, MB, SA> {
+  using type = SM90_64x64x16_F32BF16BF16_RS<GMMA::Major::K, MB, SA>;
+};
+template <GMMA::Major MB, GMMA::ScaleIn SA> struct RsAtom<cutlass::bfloat16_t, 128, MB, SA> {
+  using type = SM90_64x128x16_F32BF16BF16_RS<GMMA::Major::K, MB, SA>;
+};
+template <GMMA::Major MB, GMMA::ScaleIn SA> struct RsAtom<cutlass::half_t, 64, MB, SA> {
+  using type = SM90_64x64x16_F32F16F16_RS<GMMA::Major::K, MB, SA>;
+};
+template <GMMA::Major MB, GMMA::ScaleIn SA> struct RsAtom<cutlass::half_t, 128, MB, SA> {
+  using type = SM90_64x128x16_F32F16F16_RS<GMMA::Major::K, MB, SA>;
+};
+
+// One register-A wgmma: A = 4 registers (one k-block), B = a shared-memory descriptor,
+// D = the NACC fp32 accumulator registers of the thread.
+template <class Op, int NACC, size_t... I>
+__device__ __forceinline__ void rs_mma_impl(const uint32_t* a, uint64_t desc_b, float (&d)[NACC],
+                                            GMMA::ScaleOut scale_d, cute::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], desc_b, d[I]..., scale_d);
+}
+template <class Op, int NACC>
+__device__ __forceinline__ void rs_mma(const uint32_t* a, uint64_t desc_b, float (&d)[NACC], GMMA::ScaleOut scale_d) {
+  rs_mma_impl<Op>(a, desc_b, d, scale_d, cute::make_index_sequence<NACC>{});
+}
+
+// One shared-memory wgmma: A and B descriptors, D = the NACC accumulator registers.
+template <class Op, int NACC, size_t... I>
+__device__ __forceinline__ void ss_mma_impl(uint64_t desc_a, uint64_t desc_b, float (&d)[NACC], GMMA::ScaleOut scale_d,
+                                            cute::index_sequence<I...>) {
+  Op::fma(desc_a, desc_b, d[I]..., scale_d);
+}
+template <class Op, int NACC>
+__device__ __forceinline__ void ss_mma(uint64_t desc_a, uint64_t desc_b, float (&d)[NACC], GMMA::ScaleOut scale_d) {
+  ss_mma_impl<Op>(desc_a, desc_b, d, scale_d, cute::make_index_sequence<NACC>{});
+}
+
+// Registers read or written by wgmma: the compiler must not move other accesses across
+// the points where these are called (CUTLASS's warpgroup_fence_operand, for arrays).
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void stsm_x4_trans(uint32_t addr, const uint32_t* r) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t* r) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+// A packed pair of 16-bit values as two floats, exactly: bf16 is the top half of an fp32
+// (a shift and a mask, two instructions; unpack2's conversions take three).
+template <class T> __device__ __forceinline__ float2 widen2(uint32_t u) {
+  if constexpr (cute::is_same_v<T, cutlass::bfloat16_t>)
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+  else
+    return unpack2<T>(u);
+}
+
+// The two 16-bit halves of a packed pair kept where their column (t, t + 1) is < rows.
+__device__ __forceinline__ uint32_t mask_pair(uint32_t u, int t, int rows) {
+  return u & ((t < rows ? 0x0000ffffu : 0u) | (t + 1 < rows ? 0xffff0000u : 0u));
+}
+
+// do rows of a [64 t][64 v] 128-byte-swizzled tile, in place, by one warpgroup: rows
+// t >= rows zeroed, the others weighted by exp2(g[t]) (s_weight, rounded to T) with g.
+// Generic-proxy writes: a fence.proxy.async and a barrier must follow before wgmma reads.
+template <class T>
+__device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool use_g, uint32_t s_weight, int rows) {
+  // 64 rows x 8 chunks of 16 bytes; the swizzle permutes chunks within a row only.
+  for (int j = ctid; j < BT * 8; j += 128) {
+    const int row = j >> 3;
+    const uint32_t a = tile + row * 128 + (j & 7) * 16;
+    if (row >= rows) {
+      st_shared_v4(a, make_uint4(0, 0, 0, 0));
+    } else if (use_g) {
+      const float e = ld_shared_f32(s_weight + row * 4);
+      uint4 u = ld_shared_v4(a);
+      uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+      CUTE_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = widen2<T>(w[q]);
+        w[q] = pack2<T>(f.x * e, f.y * e);
+      }
+      st_shared_v4(a, u);
+    }
+  }
+}
+
+template <int K, class T, int NWG, bool SVF>
+__device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
+  using Map = SmemMap<K, NWG>;
+  constexpr int KB = K / 64;          // 64-wide K boxes per tile
+  constexpr int CONSUMERS = NWG * WG_THREADS;
+  constexpr int STAGES = Map::STAGES;
+  constexpr int NS = K / 2;           // fp32 registers of b^T [64, K] per thread
+  constexpr int NA = K / 4;           // registers of bf16(b^T) as an A fragment
+  constexpr int ND = BT / 2;          // fp32 registers of DV^T [64, BT]
+  using OpDV = typename RsAtom<T, BT, GMMA::Major::K, GMMA::ScaleIn::One>::type;
+  using OpQD = typename SsAtom<T, K>::type;
+  using OpWD = typename RsAtom<T, K, GMMA::Major::MN, GMMA::ScaleIn::Neg>::type;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if constexpr (Map::SLACK == 0) {
+    if (smem != smem_raw) __trap();
+  }
+  const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Map::BAR_OFF);
+  uint64_t* empty_bar = full_bar + STAGES;
+
+  const int tid = threadIdx.x;
+  const int hv = blockIdx.y;
+  const int n = blockIdx.z;
+  const int h = hv / (p.HV / p.H);
+  const bool varlen = p.flags & FLAG_VARLEN;
+  const bool use_g = p.flags & FLAG_G;
+  const bool use_gk = p.flags & FLAG_GK;
+
+  // The sequence's extent, checked before anything is loaded or stored (scratch: stage
+  // 0's first bytes, free until the barrier below), kept in shared memory across the
+  // role split (values live across it would spill in the producer's few registers).
+  {
+    const SeqExtent e = sequence_extent<num_threads<NWG>()>(p, n, reinterpret_cast<int64_t*>(smem));
+    if (tid == 0) e.store(smem + Map::EXT_OFF);
+  }
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], CONSUMERS);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (tid >= CONSUMERS) {
+    // ------------------------------------------------------------------ producer warp
+    if constexpr (NWG > 1) {
+      cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS_WG2>();
+      if (tid >= CONSUMERS + 32) return;
+    }
+    const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
+    if (!ext.ok) return;
+    // 32-bit token indices: T < 2^31 (the planner's grid clause).
+    const int bos = int(ext.bos), len = int(ext.len);
+    const int b_row = ext.b_row, NC = ext.nc;
+    const int lane = tid - CONSUMERS;
+    constexpr int KPL = K / 32;  // gk values per lane
+    const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
+    const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
+
+    // One chunk's gate inputs, loaded a chunk ahead of their use (their DRAM round trip
+    // overlaps the producer's wait for the next free stage).
+    struct Pre {
+      float gk[KPL];
+      float g0, g1, g_last;
+      int rows;  // tokens of the chunk
+    };
+    auto fetch = [&](int i, Pre& r) {
+      const int c = NC - 1 - i;
+      const int t0 = bos + c * BT;
+      const int t_last = bos + min((c + 1) * BT, len) - 1;
+      r.rows = t_last - t0 + 1;
+      if (use_gk) {
+        const float* row = p.gk + ((int64_t(b_row) * p.T + t_last) * p.HV + hv) * K + lane * KPL;
+        if constexpr (KPL == 4) {
+          const float4 v = *reinterpret_cast<const float4*>(row);
+          r.gk[0] = v.x, r.gk[1] = v.y, r.gk[2] = v.z, r.gk[3] = v.w;
+        } else {
+          const float2 v = *reinterpret_cast<const float2*>(row);
+          r.gk[0] = v.x, r.gk[1] = v.y;
+        }
+      }
+      if (use_g) {
+        r.g_last = g_row[int64_t(t_last) * p.HV];
+        r.g0 = lane < r.rows ? g_row[int64_t(t0 + lane) * p.HV] : 0.f;
+        r.g1 = lane + 32 < r.rows ? g_row[int64_t(t0 + lane + 32) * p.HV] : 0.f;
+      }
+    };
+    Pre cur, nxt;
+    if (NC > 0) fetch(0, cur);
+    int s = 0;
+    uint32_t phase = 0;
+    for (int i = 0; i < NC; ++i) {
+      const int c = NC - 1 - i;
+      if (i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
+      if (lane == 0) {
+        // The stage's bytes are expected first, then the copies; the arrival comes after
+        // the gate vectors are written (the phase completes on both).
+        cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
+        uint8_t* st = smem + s * Map::STAGE;
+        const int t0 = bos + c * BT;
+        for (int kb = 0; kb < KB; ++kb) {
+          SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+          SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+          SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
+        }
+        for (int wg = 0; wg < NWG; ++wg) {
+          const int v0 = (blockIdx.x * NWG + wg) * BV;
+          SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+          SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+        }
+      }
+      if (i + 1 < NC) fetch(i + 1, nxt);
+      if (use_gk) {
+        float* d = reinterpret_cast<float*>(smem + Map::DECAY_OFF) + s * K + lane * KPL;
+        CUTE_UNROLL
+        for (int q = 0; q < KPL; ++q) d[q] = fast_exp2(cur.gk[q]);
+      }
+      if (use_g) {
+        float* gv = reinterpret_cast<float*>(smem + Map::GATE_OFF) + s * G_LEN;
+        const bool ok0 = lane < cur.rows, ok1 = lane + 32 < cur.rows;
+        gv[G_GATE + lane] = ok0 ? fast_exp2(cur.g_last - cur.g0) : 0.f;
+        gv[G_GATE + 32 + lane] = ok1 ? fast_exp2(cur.g_last - cur.g1) : 0.f;
+        gv[G_WEIGHT + lane] = ok0 ? fast_exp2(cur.g0) : 0.f;
+        gv[G_WEIGHT + 32 + lane] = ok1 ? fast_exp2(cur.g1) : 0.f;
+        if (lane == 0) gv[G_DECAY] = fast_exp2(cur.g_last);
+      }
+      __syncwarp();
+      if (lane == 0) arrive_bar(&full_bar[s]);
+      cur = nxt;
+      if (++s == STAGES) s = 0, phase ^= 1u;
+    }
+    // A padded packed batch (cu_seqlens[-1] < T): the last sequence's CTAs write zeros
+    // to dv2's padding rows for their (hv, V columns), as fla leaves them unwritten.
+    if (varlen && ctaid_z() == int(gridDim.z) - 1) {
+      const int64_t pad0 = int64_t(bos) + len;
+      T* dv2 = reinterpret_cast<T*>(p.dv2);
+      for (int64_t t = pad0 + lane / 8; t < p.T; t += 4) {
+        for (int wg = 0; wg < NWG; ++wg) {
+          const int v0 = (blockIdx.x * NWG + wg) * BV;
+          uint4* dst = reinterpret_cast<uint4*>(dv2 + (t * p.HV + hv) * p.V + v0) + (lane % 8);
+          *dst = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumers
+  if constexpr (NWG > 1) cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS_WG2>();
+  const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
+  if (!ext.ok) {
+    poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, blockIdx.x * NWG * BV, NWG * BV, tid, CONSUMERS);
+    return;
+  }
+  const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
+  // NC broadcast from lane 0: ptxas then knows it is warp-uniform (read from shared
+  // memory it is not, to ptxas), so the chunk loop's counters, the stage index and the
+  // wgmma descriptors live in uniform registers (fewer instructions per chunk).
+  const int b_row = ext.b_row, NC = __shfl_sync(0xffffffffu, ext.nc, 0);
+  const int wg = tid / WG_THREADS;
+  const int ctid = tid % WG_THREADS;
+  const bool leader = ctid == 0;  // issues the warpgroup's TMA stores
+  const int v0 = (blockIdx.x * NWG + wg) * BV;
+  auto wg_sync = [&]() { named_sync(WG_THREADS, 1 + wg); };
+
+  const FragGeom fg(ctid);
+  const int warp = ctid >> 5, lane = ctid & 31;
+  const uint32_t lane_tr = SmGeom::trans_off(warp, lane);  // .trans tiles, k-block 0
+  const uint32_t sBh_u32 = smem_u32 + Map::BH_OFF + wg * Map::BH;
+  const int DV2_OFF = Map::DV2_OFF + wg * Map::VTILE;
+  const uint32_t sDv2_u32 = smem_u32 + DV2_OFF;
+  const int DO_OFF = Map::DO_OFF + wg * Map::VTILE;  // within a stage
+  const int DV_OFF = Map::DV_OFF + wg * Map::VTILE;
+  const float scale = p.scale;
+
+  // Descriptors of the B operands (CuTe's partitions of the stage tiles).
+  using LayoutKt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BT>, Int<K>>{}));
+  using LayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<K>, Int<BT>>{}, Step<_2, _1>{}));
+  auto mma_dv = make_tiled_mma(OpDV{});
+  auto mma_wd = make_tiled_mma(OpWD{});
+  auto mma_qd = make_tiled_mma(OpQD{});
+  auto thr_dv = mma_dv.get_thread_slice(ctid);
+  auto thr_wd = mma_wd.get_thread_slice(ctid);
+  auto thr_qd = mma_qd.get_thread_slice(ctid);
+  auto s_at = [&](int off) { return make_smem_ptr(reinterpret_cast<T*>(smem + off)); };
+  // DV's B: the k tile (N = t, K dim = k), K-major; k-block kb's descriptor.
+  auto k_descs = [&](int stage) {
+    return thr_dv.make_fragment_B(thr_dv.partition_B(make_tensor(s_at(stage * Map::STAGE + Map::K_OFF), LayoutKt{})));
+  };
+  // QD's / WD's B: the q / w tile (N = k, K dim = t), MN-major. QD's A: do^T (M = v,
+  // K dim = t), MN-major (the [t][v] tile).
+  using LayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<BT>>{}));
+  auto do_descs = [&](int stage) {
+    return thr_qd.make_fragment_A(thr_qd.partition_A(make_tensor(s_at(stage * Map::STAGE + DO_OFF), LayoutVt{})));
+  };
+  auto kt_descs = [&](auto& thr, int stage, int off) {
+    return thr.make_fragment_B(thr.partition_B(make_tensor(s_at(stage * Map::STAGE + off), LayoutQt{})));
+  };
+
+  float b[NS];        // b^T [64 v, K], fp32
+  float qd[NS];       // QD^T [64 v, K]
+  float dv[ND];       // DV^T [64 v, 64 t] (starts from dv^T without g)
+  uint32_t ab[NA];    // bf16(b^T): DV's A fragment, and the dh checkpoint
+  uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment, and the dv2 tile
+
+  // (sequence, value head) for dht / dh0 (blockIdx.z afresh, as dhu_sm90.cu).
+  const int64_t nh = int64_t(ctaid_z()) * p.HV + hv;
+  // Element (v, k) of this warpgroup's slice of dht / dh0: [K, V], or [V, K] with SVF.
+  auto state_at = [&](int v, int k) -> int64_t {
+    return SVF ? (nh * p.V + v0 + v) * K + k : (nh * K + k) * p.V + v0 + v;
+  };
+  CUTE_UNROLL
+  for (int e = 0; e < NS; e += 2) {
+    const int v = fg.row(e), k = fg.col(e);
+    float2 x = make_float2(0.f, 0.f);
+    if (p.flags & FLAG_DHT) {
+      if constexpr (SVF)
+        x = *reinterpret_cast<const float2*>(p.dht + state_at(v, k));
+      else
+        x = make_float2(p.dht[state_at(v, k)], p.dht[state_at(v, k + 1)]);
+    }
+    b[e] = x.x;
+    b[e + 1] = x.y;
+  }
+
+  // dh0 = b after the oldest chunk.
+  auto store_dh0 = [&]() {
+    if (p.flags & FLAG_DH0) {
+      CUTE_UNROLL
+      for (int e = 0; e < NS; e += 2) {
+        const int v = fg.row(e), k = fg.col(e);
+        if constexpr (SVF) {
+          *reinterpret_cast<float2*>(p.dh0 + state_at(v, k)) = make_float2(b[e], b[e + 1]);
+        } else {
+          p.dh0[state_at(v, k)] = b[e];
+          p.dh0[state_at(v, k + 1)] = b[e + 1];
+        }
+      }
+    }
+  };
+  // An empty sequence of a packed batch: dh0 = dht, nothing else to store.
+  if (NC == 0) {
+    store_dh0();
+    return;
+  }
+
+  // dv^T of a stage, unpacked into DV's accumulator (the no-g form of dv2 = DV + dv).
+  auto load_dv_acc = [&](uint32_t stage_u32) {
+    CUTE_UNROLL
+    for (int kt = 0; kt < BT / 16; ++kt) {
+      uint32_t r[4];
+      ldsm_x4_trans(stage_u32 + DV_OFF + kt * 2048 + lane_tr, r);
+      CUTE_UNROLL
+      for (int m = 0; m < 4; ++m) {
+        const float2 f = widen2<T>(r[m]);
+        dv[8 * kt + 2 * m] = f.x;
+        dv[8 * kt + 2 * m + 1] = f.y;
+      }
+    }
+  };
+  // QD^T = do^T . q of a stage, into qd (do's rows already prepared).
+  auto issue_qd = [&](int stage) {
+    auto tA = do_descs(stage);
+    auto tB = kt_descs(thr_qd, stage, Map::Q_OFF);
+    fence_regs(qd);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kt = 0; kt < BT / 16; ++kt)
+      ss_mma<OpQD>(uint64_t(tA(0, 0, kt)), uint64_t(tB(0, 0, kt)), qd,
+                   kt == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+    warpgroup_commit_batch();
+    fence_regs(qd);
+  };
+  auto gate_at = [&](int stage) { return smem_u32 + Map::GATE_OFF + stage * G_LEN * 4; };
+
+  // The sequence's newest chunk (i = 0) is the only one that can be short; in a packed
+  // batch its rows past the sequence's end belong to the next sequence and are masked.
+  const int rows0 = int(min(int64_t(BT), len - int64_t(NC - 1) * BT));
+  const bool partial = varlen && rows0 < BT;
+
+  // Prologue: stage 0's QD, and DV's accumulator from dv without g.
+  {
+    wait_bar(&full_bar[0], 0);
+    if (partial || use_g) {
+      // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
+      // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
+      // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
+      // end, which are masked, as are dv's). q and w are shared: with two warpgroups
+      // each zeroes one. With g, do[t] *= exp2(g[t]).
+      prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
+      if (partial) {
+        for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
+          const int row = (j >> 3) % BT;
+          if (row >= rows0) {
+            const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
+            if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+            if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+          }
+        }
+      }
+      fence_proxy_async();
+      if (NWG > 1 && partial)
+        named_sync(CONSUMERS, ALL_CONSUMERS);
+      else
+        wg_sync();
+    }
+    if (!use_g) load_dv_acc(smem_u32);
+    issue_qd(0);
+    warpgroup_wait<0>();
+    fence_regs(qd);
+  }
+
+  // The chunks. On entry to chunk i: b = b_i, qd = QD_i, stage s full, DV's accumulator =
+  // dv^T_i without g, no wgmma in flight (ptxas serializes every wgmma of a kernel that
+  // keeps a group in flight across the loop's back edge while other code reads
+  // accumulators). The tensor pipe runs DV_i, QD_{i+1}, WD_i back to back. Every chunk
+  // runs the same code: the last one prepares a "next" chunk from its own stage (its QD
+  // and dv loads are never used), so no wgmma is issued under a branch.
+  int s = 0;
+  uint32_t phase = 0;  // full[s]'s phase for chunk i
+  for (int i = 0; i < NC; ++i) {
+    const int c = NC - 1 - i;
+    const int64_t chunk = boh + c;
+    const bool last = i + 1 == NC;
+    const bool part = partial && i == 0;
+    const int rows = part ? rows0 : BT;
+    const bool wrap = s + 1 == STAGES;
+    const int ns = last ? s : (wrap ? 0 : s + 1);                   // stage of chunk i + 1
+    const uint32_t nphase = last || !wrap ? phase : phase ^ 1u;  // (last: complete, no wait)
+    const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
+    const uint32_t nst_u32 = smem_u32 + ns * Map::STAGE;
+
+    // dh[chunk] = bf16(b), as DV's A fragment.
+    CUTE_UNROLL
+    for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
+
+    // DV^T = bf16(b^T) . k^T  (+ dv^T, the accumulator's start, without g)
+    {
+      auto tB = k_descs(s);
+      fence_regs(ab);
+      fence_regs(dv);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < K / 16; ++kb)
+        rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv,
+                     (kb == 0 && use_g) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+      warpgroup_commit_batch();
+      fence_regs(dv);
+    }
+
+    // b = decay . b + scale . QD_i, while DV_i runs.
+    if (use_gk) {
+      const uint32_t sd = smem_u32 + Map::DECAY_OFF + s * K * 4 + fg.col0 * 4;
+      CUTE_UNROLL
+      for (int j = 0; j < NS / 4; ++j) {
+        const float2 d = ld_shared_f32x2(sd + 32 * j);  // columns 8j + col0, + 1
+        CUTE_UNROLL
+        for (int hh = 0; hh < 2; ++hh) {
+          const int e = 4 * j + 2 * hh;
+          b[e] = fmaf(scale, qd[e], d.x * b[e]);
+          b[e + 1] = fmaf(scale, qd[e + 1], d.y * b[e + 1]);
+        }
+      }
+    } else if (use_g) {
+      const float d = ld_shared_f32(gate_at(s) + G_DECAY * 4);
+      CUTE_UNROLL
+      for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], d * b[e]);
+    } else {
+      CUTE_UNROLL
+      for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
+    }
+
+    // QD_{i+1}, queued behind DV_i on the tensor pipe: with g, do_{i+1}[t] *= exp2(g[t])
+    // first. sBh and sDv2 are free once the previous chunk's stores have read them (the
+    // leader waits); the barrier also orders the do rows before QD's reads.
+    wait_bar(&full_bar[ns], nphase);
+    if (use_g) prepare_do_rows<T>(nst_u32 + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
+    fence_proxy_async();
+    if (leader) tma_store_wait<0>();
+    wg_sync();
+    issue_qd(ns);
+
+    // bf16(b) -> sBh.
+    CUTE_UNROLL
+    for (int kb = 0; kb < K / 16; ++kb) {
+      if constexpr (SVF)
+        stsm_x4(sBh_u32 + SmGeom::direct_off(warp, lane, kb), &ab[4 * kb]);
+      else
+        stsm_x4_trans(sBh_u32 + kb * 2048 + lane_tr, &ab[4 * kb]);
+    }
+
+    // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end.
+    warpgroup_wait<1>();
+    fence_regs(dv);
+    if (use_g) {
+      const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt) {
+        uint32_t r[4];
+        ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, r);
+        CUTE_UNROLL
+        for (int m = 0; m < 4; ++m) {
+          const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
+          const float2 d = widen2<T>(r[m]);
+          const int e = 8 * kt + 2 * m;
+          adv2[4 * kt + m] = pack2<T>(dv[e] * gt.x + d.x, dv[e + 1] * gt.y + d.y);
+        }
+      }
+    } else {
+      CUTE_UNROLL
+      for (int j = 0; j < ND / 2; ++j) adv2[j] = pack2<T>(dv[2 * j], dv[2 * j + 1]);
+    }
+    if (part) {
+      CUTE_UNROLL
+      for (int j = 0; j < ND / 2; ++j) adv2[j] = mask_pair(adv2[j], fg.col(2 * j), rows);
+    }
+
+    // b^T += -(dv2^T . w)
+    {
+      auto tB = kt_descs(thr_wd, s, Map::W_OFF);
+      fence_regs(adv2);
+      fence_regs(b);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt)
+        rs_mma<OpWD>(&adv2[4 * kt], uint64_t(tB(0, 0, kt)), b, GMMA::ScaleOut::One);
+      warpgroup_commit_batch();
+      fence_regs(b);
+    }
+
+    // DV_{i+1}'s accumulator starts from dv^T_{i+1} (no g), while WD_i runs (first, so
+    // that the shared-memory loads land before WD completes).
+    if (!use_g) load_dv_acc(nst_u32);
+
+    // dv2 -> sDv2; the dh and dv2 stores (a short chunk of a packed batch: plain stores).
+    CUTE_UNROLL
+    for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
+    fence_proxy_async();
+    wg_sync();
+    if (leader) {
+      if constexpr (SVF) {
+        CUTE_UNROLL
+        for (int kb = 0; kb < KB; ++kb)  // [64 v][64 k] boxes of the [V, K] checkpoint
+          SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH + kb * 8192, kb * 64, v0, hv,
+                                  int(chunk));
+      } else {
+        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
+      }
+      if (!part)
+        SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT), b_row);
+      tma_store_arrive();
+    }
+    if (part) {
+      T* dv2_g = reinterpret_cast<T*>(p.dv2);
+      for (int j = ctid; j < rows * 8; j += WG_THREADS) {
+        const int row = j >> 3, ch = j & 7;
+        const uint4 u = ld_shared_v4(sDv2_u32 + row * 128 + ((ch ^ (row & 7)) << 4));
+        const int64_t t = bos + int64_t(c) * BT + row;
+        *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
+      }
+    }
+
+    // WD_i and QD_{i+1} complete: b = b_{i+1}, qd = QD_{i+1}.
+    warpgroup_wait<0>();
+    fence_regs(b);
+    fence_regs(qd);
+
+    // Every read of stage s is complete: hand it back to the producer.
+    arrive_bar(&empty_bar[s]);
+    if (wrap) phase ^= 1u;
+    s = wrap ? 0 : s + 1;
+  }
+
+  store_dh0();
+  if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
+}
+}  // namespace sm90_regstate
+}  // namespace kda_dhu

@@ -1,0 +1,174 @@
+"""SASS instructions per chunk per warp of the sm_90a kernels' chunk loops (no GPU).
+
+For each gate configuration (gk, none, g; dense batch) it compiles a copy of cuda/ in
+which the kernels' runtime flags (``use_g``, ``use_gk``, ``varlen``) are constants, so that
+each chunk loop is straight-line code for that configuration, disassembles the entry
+points with nvdisasm and counts the instructions of the innermost loop that holds a
+whole chunk's wgmma (>= 12 HGMMA). Warps 1-3 skip the leader's TMA-store blocks (found
+as the forward branches around UTMASTG / the leader's bulk wait); warp 0 runs them.
+The loop's inner loops (the g path's do-row weighting) are unrolled into one trip, so
+the static count is the count issued per chunk. For the register-state kernel it also
+splits the loop at its wgmma issues and waits (the chain's segments).
+
+    python3 scripts/sass_chunk_count.py [--entries rs_k128_bf16,k128_bf16,...]
+
+nvcc and the CUTLASS headers as build.rs finds them ($NVCC / the nvidia-cuda-nvcc wheel,
+$CUTLASS_DIR / the nvidia-cutlass wheel); nvdisasm from $NVDISASM, else on PATH or next to nvcc (the wheels ship none: /work/tools/nvidia/cu13/bin here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = """  const bool varlen = p.flags & FLAG_VARLEN;
+  const bool use_g = p.flags & FLAG_G;
+  const bool use_gk = p.flags & FLAG_GK;
+"""
+CONFIGS = {"gk": (False, True), "none": (False, False), "g": (True, False)}
+
+
+def toolchain():
+    import cutlass_library
+    import nvidia
+
+    nvcc = os.environ.get("NVCC") or os.path.join(list(nvidia.__path__)[0], "cu13", "bin", "nvcc")
+    cut = os.environ.get("CUTLASS_DIR")
+    cut = (
+        os.path.join(cut, "include")
+        if cut
+        else os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
+    )
+    nvdisasm = (
+        os.environ.get("NVDISASM")
+        or shutil.which("nvdisasm")
+        or os.path.join(os.path.dirname(nvcc), "nvdisasm")
+    )
+    return nvcc, cut, nvdisasm
+
+
+def parse(text):
+    """[(address, instruction)], {label: address} of nvdisasm -c output."""
+    ins, labels, pending = [], {}, []
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\.L_x_\d+):", line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.match(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            a = int(m.group(1), 16)
+            for lab in pending:
+                labels[lab] = a
+            pending = []
+            ins.append((a, m.group(2)))
+    return ins, labels
+
+
+def chunk_loop(ins, labels):
+    best = None
+    for a, t in ins:
+        m = re.search(r"BRA\S* `\((\.L_x_\d+)\)", t)
+        if m and labels[m.group(1)] < a:
+            lo = labels[m.group(1)]
+            h = sum("HGMMA" in x[1] for x in ins if lo <= x[0] <= a)
+            if h >= 12 and (best is None or a - lo < best[1] - best[0]):
+                best = (lo, a)
+    lo, hi = best
+    return [x for x in ins if lo <= x[0] <= hi]
+
+
+def leader_only(body, labels):
+    out = set()
+    for a, t in body:
+        m = re.search(r"@!?U?P\d BRA `\((\.L_x_\d+)\)", t)
+        if m and labels[m.group(1)] > a:
+            reg = [x for x in body if a < x[0] < labels[m.group(1)]]
+            if any("UTMASTG" in x[1] or "DEPBAR.LE SB0" in x[1] for x in reg) and not any(
+                "HGMMA" in x[1] for x in reg
+            ):
+                out.update(x[0] for x in reg)
+    return out
+
+
+def segments(body):
+    """Register-state loop: instructions between its wgmma issues and waits."""
+    idx = lambda pred: [i for i, (_, t) in enumerate(body) if pred(t)]  # noqa: E731
+    dv = idx(lambda t: "HGMMA.64x64x16" in t and "-R" not in t and "tnspA" not in t)
+    wd = idx(lambda t: "HGMMA" in t and "-R" in t)
+    w1 = idx(lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t)
+    w0 = idx(lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t)
+    if not (dv and wd and w1 and w0):
+        return None
+    n = len(body)
+    return {
+        "WD wait -> DV issue": dv[0] + (n - w0[-1]),
+        "DV issue window": dv[-1] - dv[0] + 1,
+        "DV flight": w1[0] - dv[-1] - 1,
+        "DV wait -> WD issue": wd[0] - w1[0],
+        "WD issue window": wd[-1] - wd[0] + 1,
+        "WD flight": w0[-1] - wd[-1] - 1,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entries", default="rs_k128_bf16,k128_bf16,rs_k64_bf16,k64_bf16")
+    args = ap.parse_args(argv)
+    nvcc, cut, nvdisasm = toolchain()
+    entries = [f"kda_dhu_sm90_{e}" for e in args.entries.split(",")]
+    print("| kernel | gates | instructions per chunk, warps 1-3 | warp 0 | HGMMA | chain segments |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "cuda")
+        shutil.copytree(os.path.join(REPO, "cuda"), src)
+        for path in ("dhu_sm90.cu", "dhu_sm90_regstate.cuh"):
+            p = os.path.join(src, path)
+            with open(p) as f:
+                text = f.read()
+            assert FLAGS in text, f"{path}: the flag lines this script replaces changed"
+            with open(p, "w") as f:
+                f.write(
+                    text.replace(
+                        FLAGS,
+                        "  const bool varlen = CNT_VARLEN;\n  const bool use_g = CNT_G;\n  const bool use_gk = CNT_GK;\n",
+                    )
+                )
+        with open(os.path.join(src, "dhu_sm90.cu")) as f:
+            lines = f.read().splitlines()
+        for name in entries:
+            one = [
+                ln for ln in lines if not re.match(r"^KDA_DHU_SM90(_RS)?_ENTRY\(", ln) or f"({name}," in ln
+            ]
+            with open(os.path.join(src, "one.cu"), "w") as f:
+                f.write("\n".join(one) + "\n")
+            for cfg, (g, gk) in CONFIGS.items():
+                cubin = os.path.join(tmp, "one.cubin")
+                cmd = [nvcc, "-cubin", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
+                       "--expt-relaxed-constexpr", "-DNDEBUG", "-I", src, "-I", cut, "-DCNT_VARLEN=false",
+                       f"-DCNT_G={'true' if g else 'false'}", f"-DCNT_GK={'true' if gk else 'false'}",
+                       "-o", cubin, os.path.join(src, "one.cu")]  # fmt: skip
+                subprocess.run(cmd, check=True, capture_output=True)
+                sass = subprocess.run(
+                    [nvdisasm, "-c", cubin], check=True, capture_output=True, text=True
+                ).stdout
+                ins, labels = parse(sass)
+                body = chunk_loop(ins, labels)
+                lead = leader_only(body, labels)
+                h = sum("HGMMA" in t for _, t in body)
+                seg = segments(body) if "_rs_" in name else None
+                seg_s = ", ".join(f"{k} {v}" for k, v in seg.items()) if seg else ""
+                print(
+                    f"| {name} | {cfg} | {len(body) - len(lead)} | {len(body)} | {h} | {seg_s} |", flush=True
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

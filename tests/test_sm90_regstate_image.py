@@ -1,0 +1,89 @@
+"""The register-state Hopper kernel (cuda/dhu_sm90_regstate.cuh) is in the installed
+extension and its switch is known (CPU-only checks).
+
+That each of its sixteen entry points is a function of the embedded sm_90a image is
+checked by the Rust test `kernels::tests::sm90_image_holds_the_four_sm90a_kernels` (it
+walks `KernelConfig::all`, which lists them); the planner's choice by
+`plan::tests::register_state_variant_only_when_switched_on_and_only_on_sm90`. The
+fragment geometry is checked on the CPU by scripts/layout_check_regstate.sh (below).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from kda_dhu import _core
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+RS_ENTRY_POINTS = [
+    f"kda_dhu_sm90_rs_k{k}_{dt}{wg}{svf}"
+    for svf in ("", "_svf")
+    for wg in ("", "_wg2")
+    for k in (64, 128)
+    for dt in ("bf16", "fp16")
+]
+
+
+def test_sixteen_register_state_entry_points():
+    assert len(set(RS_ENTRY_POINTS)) == 16
+
+
+def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
+    """build.rs fails on a spill; a stack frame would mean local memory in the chain.
+    One warpgroup: the state, QD and DV accumulators and bf16(b) need > 200 registers at
+    K = 128 (<= 255, and K = 64 keeps two CTAs per SM: <= 204); two warpgroups report
+    the launch's 168 (setmaxnreg gives the consumers 240)."""
+    info = _core.build_info()
+    for name in RS_ENTRY_POINTS:
+        line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
+        assert line is not None, f"{name} missing from build_info():\n{info}"
+        assert line.startswith("dhu_sm90 sm_90a "), line
+        m = re.search(r": (\d+) registers, \d+ bytes static smem, (\d+) bytes stack frame$", line)
+        assert m, line
+        regs, stack = int(m.group(1)), int(m.group(2))
+        assert stack == 0, line
+        if "_wg2" in name:
+            assert regs == 168, line
+        elif "_k64_" in name:
+            assert 64 <= regs <= 204, line
+        else:
+            assert 200 <= regs <= 255, line
+
+
+def test_the_variant_switch_is_listed():
+    names = {name: meaning for name, meaning, _ in _core.switches()}
+    assert "KDA_DHU_SM90_VARIANT" in names
+    assert "regstate" in names["KDA_DHU_SM90_VARIANT"]
+
+
+def _toolchain():
+    """nvcc and the CUTLASS headers as build.rs finds them, or None."""
+    try:
+        import cutlass_library  # noqa: F401
+        import nvidia
+    except ImportError:
+        return None
+    nvcc = os.environ.get("NVCC") or os.path.join(list(nvidia.__path__)[0], "cu13", "bin", "nvcc")
+    if not (os.path.exists(nvcc) and shutil.which("g++")):
+        return None
+    return nvcc
+
+
+@pytest.mark.skipif(_toolchain() is None, reason="needs nvcc and the CUTLASS headers (the build's toolchain)")
+def test_fragment_geometry_on_the_host():
+    """CuTe's wgmma layouts, the descriptors' shared-memory layouts and the ldmatrix /
+    stmatrix lane addresses against the kernel's fragment geometry (a host program)."""
+    env = dict(os.environ, PYTHON=sys.executable, NVCC=_toolchain())
+    r = subprocess.run(
+        ["bash", os.path.join(REPO, "scripts", "layout_check_regstate.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "layout_check_regstate: all checks hold" in r.stdout
