@@ -133,6 +133,11 @@ __device__ __forceinline__ int ctaid_z() {
 
 // ---------------------------------------------------------------- sequence extent
 
+// The batch row that holds sequence n's tokens: n in a dense batch, 0 in a packed one.
+// From ctaid_z() and the flags it is uniform to ptxas, so a TMA coordinate made from it
+// needs no per-thread register (see dhu_sm90_regstate.cuh's dv2 store).
+__device__ __forceinline__ int batch_row(const DhuParams& p, int n) { return (p.flags & FLAG_VARLEN) ? 0 : n; }
+
 // One CTA's sequence: tokens [bos, bos + len) of batch row b_row, dh chunk rows
 // [boh, boh + nc). ok = false: the sequence's cu_seqlens / chunk_offsets entries failed
 // a check (src/varlen.rs lists them); the CTA must only poison_sequence and return.
@@ -212,7 +217,7 @@ __device__ __forceinline__ SeqExtent sequence_extent(const DhuParams& p, int n, 
     e.bos = 0;
     e.len = p.T;
     e.boh = int64_t(n) * p.NT;
-    e.b_row = n;
+    e.b_row = batch_row(p, n);
     e.nc = int(chunks_of(p.T));
     e.ok = true;
     return e;
@@ -261,7 +266,7 @@ __device__ __forceinline__ SeqExtent sequence_extent(const DhuParams& p, int n, 
   e.bos = bos;
   e.len = eos - bos;
   e.boh = first;
-  e.b_row = 0;
+  e.b_row = batch_row(p, n);
   e.nc = code == 0 ? int(nc) : 0;
   e.ok = code == 0;
   return e;

@@ -323,7 +323,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 1);
+      // Every producer lane arrives (after its own gate writes): no lane's writes are
+      // published through another lane's arrival.
+      cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 32);
       cutlass::arch::ClusterBarrier::init(&empty_bar[s], CONSUMERS);
     }
     cutlass::arch::fence_barrier_init();
@@ -413,8 +415,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         gv[G_WEIGHT + 32 + lane] = ok1 ? fast_exp2(cur.g1) : 0.f;
         if (lane == 0) gv[G_DECAY] = fast_exp2(cur.g_last);
       }
-      __syncwarp();
-      if (lane == 0) arrive_bar(&full_bar[s]);
+      arrive_bar(&full_bar[s]);
       cur = nxt;
       if (++s == STAGES) s = 0, phase ^= 1u;
     }
@@ -445,7 +446,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // NC broadcast from lane 0: ptxas then knows it is warp-uniform (read from shared
   // memory it is not, to ptxas), so the chunk loop's counters, the stage index and the
   // wgmma descriptors live in uniform registers (fewer instructions per chunk).
-  const int b_row = ext.b_row, NC = __shfl_sync(0xffffffffu, ext.nc, 0);
+  const int NC = __shfl_sync(0xffffffffu, ext.nc, 0);
   const int wg = tid / WG_THREADS;
   const int ctid = tid % WG_THREADS;
   const bool leader = ctid == 0;  // issues the warpgroup's TMA stores
@@ -736,7 +737,13 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
       }
       if (!part)
-        SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT), b_row);
+        // The batch row from ctaid_z(), uniform to ptxas: from ext.b_row (a per-thread
+        // value to ptxas) ptxas 13.0 moved it into the store's uniform register under a
+        // predicate that the dh store's uniformizing loop had just set to true, so the
+        // move never ran and dv2 went to a stale row (scripts/check_sass.py finds such
+        // dead moves).
+        SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT),
+                                batch_row(p, ctaid_z()));
       tma_store_arrive();
     }
     if (part) {

@@ -15,6 +15,8 @@
 #             result (FLA_CACHE_RESULTS=0: tuned beside other shards, fla's choices could be off)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck (scripts/sanitize.sh); beside the
 #             tests when both are asked (neither times anything)
+#   image12   the CUDA 12 image (NVRTC 12.9) forced (KDA_DHU_IMAGE=cuda12): which image loaded, then
+#             the default kernel's parity tests (tests/test_gpu_kernel.py -k smem, IMAGE12_ARGS)
 #   host      benches/host_overhead.py (HOST_ARGS)            -> host-latest.json
 #   e2e       benches/e2e.py (E2E_ARGS)                       -> e2e-latest.json
 #   bench     python -m kda_dhu.bench (BENCH_ARGS, default --all; BENCH_SHAPES=a,b for a subset)
@@ -48,9 +50,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-ALL_STAGES=(smoke tests sanitize host e2e bench ab)
-declare -A CAP=([smoke]=0 [tests]=330 [sanitize]=170 [host]=150 [e2e]=480 [bench]=240 [ab]=180)
-declare -A MIN=([smoke]=0 [tests]=120 [sanitize]=45 [host]=60 [e2e]=150 [bench]=60 [ab]=45)
+ALL_STAGES=(smoke tests sanitize image12 host e2e bench ab)
+declare -A CAP=([smoke]=0 [tests]=330 [sanitize]=170 [image12]=120 [host]=150 [e2e]=480 [bench]=240 [ab]=180)
+declare -A MIN=([smoke]=0 [tests]=120 [sanitize]=45 [image12]=40 [host]=60 [e2e]=150 [bench]=60 [ab]=45)
 for s in "${ALL_STAGES[@]}"; do
   v="${s^^}_CAP"
   [ -n "${!v:-}" ] && CAP[$s]=${!v}
@@ -64,7 +66,7 @@ for a in "$@"; do
   case "$a" in
     --plan) plan=1;;
     -h|--help) sed -n '2,45p' "$0"; exit 0;;
-    smoke|tests|sanitize|host|e2e|bench|ab) asked+=("$a");;
+    smoke|tests|sanitize|image12|host|e2e|bench|ab) asked+=("$a");;
     *) echo "gpu_session: unknown stage '$a' (stages: ${ALL_STAGES[*]:1})" >&2; exit 2;;
   esac
 done
@@ -228,6 +230,13 @@ timed() {
   stamp "$name: ${STATUS[$name]}"
 }
 
+stage_image12() {
+  # shellcheck disable=SC2086
+  timed image12 env KDA_DHU_IMAGE=cuda12 bash -c 'python3 -m kda_dhu --doctor 2>&1 | grep -i -E "image|cuda" | head -n 12;
+    python3 -m pytest tests/test_gpu_kernel.py -q -m gpu -p no:cacheprovider --timeout=100 -rfE -k smem '"${IMAGE12_ARGS:-}"
+  [ -f "$RES/image12/image12.log" ] && DETAIL[image12]=$(tail -n 1 "$RES/image12/image12.log" | cut -c1-120)
+}
+
 stage_host() {
   # shellcheck disable=SC2086
   timed host python3 benches/host_overhead.py --out "$RES/host" ${HOST_ARGS:-}
@@ -266,7 +275,7 @@ rc=0
 if smoke; then
   stamp "smoke: ok"
   if [ -n "${WANT[tests]:-}${WANT[sanitize]:-}" ]; then tests_and_sanitize; fi
-  for s in host e2e bench ab; do
+  for s in image12 host e2e bench ab; do
     [ -n "${WANT[$s]:-}" ] && "stage_$s"
   done
 else

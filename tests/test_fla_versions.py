@@ -103,6 +103,12 @@ _CHILD = """
     import inspect, json, sys
     import torch
     import fla
+    try:  # that fla's own kernels, before kda-dhu is imported
+        import fla.ops
+    except Exception as err:
+        import triton
+        print(f"UNIMPORTABLE fla-core {fla.__version__} under triton {triton.__version__}: {err!r}"[:500])
+        sys.exit(0)
     import kda_dhu
     from kda_dhu import _dispatch, fla_backend
     kpatch = sys.modules["kda_dhu.patch"]
@@ -184,6 +190,11 @@ def test_registration_and_patch_work_with_this_fla(view, fla_dir):
         timeout=300,
         env=env,
     )
+    unusable = [ln for ln in r.stdout.splitlines() if ln.startswith("UNIMPORTABLE ")]
+    if r.returncode == 0 and unusable:
+        pytest.skip(
+            f"fla itself fails to import here, without kda-dhu: {unusable[0][len('UNIMPORTABLE ') :]}"
+        )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("REPORT ")]
     assert r.returncode == 0 and lines, f"rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     rep = json.loads(lines[0][len("REPORT ") :])
