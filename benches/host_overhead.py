@@ -94,6 +94,11 @@ STEPS = (
     "verify",
     "force",
     "torch.empty x3",
+    "fla route: validate",
+    "fla route: prepare",
+    "fla route: verify",
+    "fla route: direct",
+    "fla route: fla_raw",
 )
 DRY_RUN_ROUTES = ("kernel", "varlen_ci")
 DRY_RUN_MODES = ("direct", "null_accept")
@@ -242,6 +247,7 @@ def mode_fn(mode: str, call: dict):
 
 def step_fns(call: dict, device: str) -> dict:
     """The kernel route's steps (STEPS) as zero-argument functions."""
+    import kda_dhu
     import torch
     from kda_dhu import _core, _dispatch
 
@@ -267,6 +273,7 @@ def step_fns(call: dict, device: str) -> dict:
     dv2 = torch.empty(dv2_shape, dtype=call["dv"].dtype, device=device)
     stream = torch.cuda.current_stream().cuda_stream
     c = call
+    f = route_call("fla_halfwave", device)
     fns.update(
         {
             "prepare": lambda: _core.prepare("extended", **c),
@@ -295,6 +302,12 @@ def step_fns(call: dict, device: str) -> dict:
                 stream,
             ),
             "verify": lambda: _dispatch.verify(**c),
+            # where a call the planner sends to fla spends its host time (fla_halfwave)
+            "fla route: validate": lambda: _core.validate(**f),
+            "fla route: prepare": lambda: _core.prepare("extended", **f),
+            "fla route: verify": lambda: _dispatch.verify(**f),
+            "fla route: direct": lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**f),
+            "fla route: fla_raw": lambda: kda_dhu.fla_function()(**f),
             "torch.empty x3": lambda: (
                 torch.empty(dh_shape, dtype=c["q"].dtype, device=device),
                 torch.empty(dh0_shape, dtype=torch.float32, device=device),

@@ -46,23 +46,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _fla_stage4_one_config():
-    if not torch.cuda.is_available() or os.environ.get("KDA_DHU_TEST_FLA_TUNE") == "1":
-        yield
-        return
-    try:
-        from kda_dhu.bench import fla_stage4_autotuners
+    from helpers import pin_fla_stage4
 
-        tuners = fla_stage4_autotuners()
-    except Exception:  # noqa: BLE001 - no fla here: nothing to pin
-        yield
-        return
-    saved = [(t, t.configs) for t in tuners]
-    for t in tuners:
-        pick = [c for c in t.configs if c.kwargs.get("BV") == 32 and c.num_warps == 4 and c.num_stages == 2]
-        t.configs = (pick or t.configs)[:1]
+    restore = pin_fla_stage4() if torch.cuda.is_available() else None
     yield
-    for t, configs in saved:
-        t.configs = configs
+    if restore is not None:
+        restore()
 
 
 @pytest.fixture

@@ -247,8 +247,9 @@ _UNUSABLE = """
     from kda_dhu import _core, _dispatch
     from kda_dhu._driver import KernelUnavailableWarning
     from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref, rel_err
-    from helpers import make_inputs
+    from helpers import make_inputs, pin_fla_stage4
 
+    pin_fla_stage4()
     g = torch.Generator().manual_seed(int(sys.argv[1]))
     a = make_inputs(2, 200, 2, 4, 128, 64, torch.bfloat16, "gk", device="cuda", generator=g)
     b = make_inputs(4, 256, 4, 4, 128, 128, torch.bfloat16, "gk", device="cuda", generator=g)
@@ -309,9 +310,10 @@ _PARITY = """
     import sys
     import torch
     from kda_dhu import _core
-    from helpers import make_inputs
+    from helpers import make_inputs, pin_fla_stage4
     from test_gpu_kernel import _check
 
+    pin_fla_stage4()
     g = torch.Generator().manual_seed(int(sys.argv[1]))
     for B, T, H, HV, K, V, dtype, gate in [
         (2, 320, 4, 4, 128, 64, torch.bfloat16, "gk"),

@@ -120,6 +120,24 @@ class _Call:
             use_graph=self.use_graph,
         )  # fmt: skip
 
+    def uncopyable(self, names):
+        """The error for the first of ``names`` that kda-dhu cannot copy (an array of
+        another library: the copy is torch's), or None. Negative strides are named as
+        such (a producer's DLPack export may not carry them faithfully)."""
+        for name in names:
+            x = getattr(self, name)
+            if isinstance(x, torch.Tensor):
+                continue
+            strides, itemsize = getattr(x, "strides", None), getattr(x, "itemsize", None)
+            if strides is not None and itemsize and any(s < 0 for s in strides):
+                got = [s // itemsize for s in strides]
+                return ValueError(f"{name}: expected non-negative strides, got strides {got}")
+            return TypeError(
+                f"{name}: expected a packed (contiguous, 16-byte aligned) tensor or a torch.Tensor that "
+                f"kda_dhu can copy, got a {type(x).__module__}.{type(x).__name__} with another layout"
+            )
+        return None
+
     def packed(self, names) -> _Call:
         """A copy of the call whose named inputs are packed (contiguous, 16-byte aligned):
         fla's function reads every tensor as if contiguous, the kernel also needs the
@@ -128,13 +146,11 @@ class _Call:
         c = _Call.__new__(_Call)
         for slot in _Call.__slots__:
             setattr(c, slot, getattr(self, slot))
+        err = self.uncopyable(names)
+        if err is not None:
+            raise err
         for name in names:
             x = getattr(self, name)
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(
-                    f"{name}: expected a packed (contiguous, 16-byte aligned) tensor or a torch.Tensor that "
-                    f"kda_dhu can copy, got a {type(x).__module__}.{type(x).__name__} with another layout"
-                )
             if name == "h0":
                 packed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             elif x.is_contiguous():  # misaligned: contiguous() would return it as it is
@@ -315,6 +331,9 @@ def verify(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, stat
     if not ok:  # a device that cannot run the kernel image: one warning per device, then fla
         _driver.note_unavailable(reason, stacklevel=4)
     if call.copies:
+        err = c.uncopyable(call.copies)
+        if err is not None:  # the implementation could not copy it: fla's function decides
+            return False, f"{type(err).__name__}: {err}", None
         return (
             True,
             f"{reason} after copying {', '.join(call.copies)} (fla's function reads inputs as contiguous)",
