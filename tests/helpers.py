@@ -97,29 +97,17 @@ def via_registry(a: dict):
 
 
 def pin_fla_stage4():
-    """fla's stage-4 Triton kernels pinned to one config (BV = 32, 4 warps, 2 stages: valid
-    for every K <= 256), so that a test comparing against fla does not compile and time
-    twelve configs for each new head / size key; every config computes the same
-    recurrence. Returns a function that restores fla's configs, or None (nothing pinned:
-    no fla here, or KDA_DHU_TEST_FLA_TUNE=1 asks for fla's own autotuning). Child
-    processes of GPU tests call it too (conftest.py calls it for the test process)."""
+    """fla's stage-4 Triton kernels pinned to one config (``kda_dhu.bench.pin_fla_stage4``)
+    so that a test comparing against fla does not tune twelve configs per new key. Returns
+    the restoring function, or None (no usable fla here, or KDA_DHU_TEST_FLA_TUNE=1 keeps
+    fla's own autotuning). Child processes of GPU tests call it too."""
     import os
 
     if os.environ.get("KDA_DHU_TEST_FLA_TUNE") == "1":
         return None
     try:
-        from kda_dhu.bench import fla_stage4_autotuners
+        from kda_dhu.bench import pin_fla_stage4 as pin
 
-        tuners = fla_stage4_autotuners()
+        return pin()
     except Exception:  # noqa: BLE001 - no (usable) fla here: nothing to pin
         return None
-    saved = [(t, t.configs) for t in tuners]
-    for t in tuners:
-        pick = [c for c in t.configs if c.kwargs.get("BV") == 32 and c.num_warps == 4 and c.num_stages == 2]
-        t.configs = (pick or t.configs)[:1]
-
-    def restore():
-        for t, configs in saved:
-            t.configs = configs
-
-    return restore

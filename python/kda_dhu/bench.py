@@ -259,6 +259,25 @@ def fla_stage4_autotuners() -> list:
     return found
 
 
+def pin_fla_stage4():
+    """fla's stage-4 Triton kernels pinned to one config (BV = 32, 4 warps, 2 stages: valid
+    for every K <= 256), for runs that use fla's values but not its time (the tests' and the
+    A/B's comparisons): every config computes the same recurrence, and tuning twelve of them
+    per head / size key costs seconds to minutes. Returns a function restoring fla's configs.
+    Never for a timed fla (the benchmarks time fla at its best)."""
+    tuners = fla_stage4_autotuners()
+    saved = [(t, t.configs) for t in tuners]
+    for t in tuners:
+        pick = [c for c in t.configs if c.kwargs.get("BV") == 32 and c.num_warps == 4 and c.num_stages == 2]
+        t.configs = (pick or t.configs)[:1]
+
+    def restore():
+        for t, configs in saved:
+            t.configs = configs
+
+    return restore
+
+
 def reset_fla_autotune() -> int:
     """Makes fla tune its stage-4 kernels again for the next shape; returns how many
     Triton autotuners were reset.
