@@ -11,7 +11,8 @@ stale row and dv2 stayed unwritten. Any dead move into a uniform register is rep
 
     python3 scripts/check_sass.py CUBIN [CUBIN ...]     # exit 1 when something is found
 
-cuobjdump: $CUOBJDUMP, else the one beside the nvcc wheel's (nvidia/cu13/bin) or on PATH.
+cuobjdump: $CUOBJDUMP, else the one beside the nvcc wheel's (nvidia/cu13/bin: PyPI's
+nvidia-cuda-cuobjdump, with nvidia-cuda-nvdisasm, which it runs) or on PATH.
 """
 
 from __future__ import annotations
@@ -94,7 +95,12 @@ def main(argv: list[str]) -> int:
     tool = cuobjdump()
     bad = 0
     for cubin in argv:
-        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        # cuobjdump runs nvdisasm, found on PATH: the one beside it first (the PyPI wheels')
+        env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(tool), os.environ.get("PATH", "")]))
+        r = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            sys.exit(f"check_sass: {tool} -sass {cubin} failed: {r.stderr.strip()[-500:]}")
+        sass = r.stdout
         funcs = functions(sass)
         for name, insns in sorted(funcs.items()):
             for line in dead_moves(insns):

@@ -536,7 +536,7 @@ mod py {
     /// Where torch offers DLPack's C exchange API (`torch.Tensor.__dlpack_c_exchange_api__`,
     /// DLPack 1.3, torch >= 2.10), plain tensors are read through its
     /// `dltensor_from_py_object_no_sync` instead: a non-owning DLTensor filled on the
-    /// stack, no capsule and no allocation (issue #7's host overhead).
+    /// stack, no capsule and no allocation (the per-call host overhead).
     struct Torch {
         tensor: Py<PyType>,
         parameter: Py<PyType>,

@@ -1,4 +1,4 @@
-"""Bad input, case by case, on the CPU (issue 8): every check of the host core.
+"""Bad input, case by case, on the CPU: every check of the host core.
 
 Each raising case goes through ``kda_dhu._core.validate`` (everything but the device)
 and, where the public API matters, through ``kda_dhu.chunk_gated_delta_rule_bwd_dhu``,
@@ -1195,7 +1195,7 @@ def test_nt_comes_from_chunk_indices_without_reading_values():
         _core.validate(**kw, chunk_indices=torch.zeros(10**6, 2, dtype=torch.int32))
 
 
-# ---------------------------------------------------- found by breaking the checks (session 3)
+# ---------------------------------------------------- found by breaking the checks
 
 
 def test_zero_tensor_without_memory_is_refused_by_name():

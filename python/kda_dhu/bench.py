@@ -43,7 +43,7 @@ SHAPES = [
     ("k64_b8_t4096_h32", 8, 4096, 32, 32, 64, 128, "gk", None),
     ("varlen_t65536_h32_avg1k", 1, 65536, 32, 32, 128, 128, "gk", "avg1k"),
     ("svf_b8_t4096_h32", 8, 4096, 32, 32, 128, 128, "gk", None),
-    # issue 4's other cases, each on a shape of its own: GDN's scalar gate, the delta rule
+    # the other cases, each on a shape of its own: GDN's scalar gate, the delta rule
     ("gdn_g_b8_t4096_h32", 8, 4096, 32, 32, 128, 128, "g", None),
     ("delta_nogate_b8_t4096_h32", 8, 4096, 32, 32, 128, 128, None, None),
 ]
