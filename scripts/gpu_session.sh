@@ -232,7 +232,7 @@ timed() {
 
 stage_image12() {
   # shellcheck disable=SC2086
-  timed image12 env KDA_DHU_IMAGE=cuda12 bash -c 'python3 -m kda_dhu --doctor 2>&1 | grep -i -E "image|cuda" | head -n 12;
+  timed image12 env KDA_DHU_IMAGE=cuda12 bash -c 'python3 -m kda_dhu --doctor 2>&1 | grep -i -E "kernel image|embedded kernel images";
     python3 -m pytest tests/test_gpu_kernel.py -q -m gpu -p no:cacheprovider --timeout=100 -rfE -k smem '"${IMAGE12_ARGS:-}"
   [ -f "$RES/image12/image12.log" ] && DETAIL[image12]=$(tail -n 1 "$RES/image12/image12.log" | cut -c1-120)
 }
