@@ -33,6 +33,8 @@ import logging
 import operator
 import threading
 
+from . import _fla_compat
+
 __all__ = ["register_backend", "unregister_backend", "is_registered", "BACKEND_TYPE", "ENV_VAR", "PRIORITY"]
 
 logger = logging.getLogger(__name__)
@@ -54,8 +56,7 @@ def _dispatch_module():
 # fla 0.6's parameters of chunk_gated_delta_rule_bwd_dhu, in order. When fla's own are
 # these (checked once, at registration), the verifier and the implementation bind the
 # caller's arguments with Python's own call machinery (no inspect on the hot path).
-_FLA_PARAMS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
-               "chunk_indices", "chunk_offsets", "use_graph")  # fmt: skip
+_FLA_PARAMS = (*_fla_compat.REQUIRED, *_fla_compat.NEWER)
 
 
 def _bound(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
