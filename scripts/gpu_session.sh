@@ -9,14 +9,19 @@
 #   smoke     always, first: install .carry/*.whl into /tmp/site, import kda_dhu and fla, print
 #             kda_dhu.cuda_status(), run two kernel calls against the float64 reference
 #             (scripts/sanitize_driver.py's first cases). If it fails, nothing else runs.
+#   main      the main job, `python -m kda_dhu`, twice: as on a fresh machine (an empty Triton
+#             cache: fla compiles and tunes its kernel) and warm (that cache kept); the seconds of
+#             each in the summary (MAIN_ARGS: extra arguments)
 #   tests     the GPU tests (pytest -m gpu over TEST_PATHS, default tests), sharded round-robin over
 #             TEST_SHARDS (8) pytest processes on the one GPU; TEST_ARGS extra pytest arguments.
 #             They share Triton's compiled kernels with the later stages but store no autotuning
 #             result (FLA_CACHE_RESULTS=0: tuned beside other shards, fla's choices could be off)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck (scripts/sanitize.sh); beside the
 #             tests when both are asked (neither times anything)
-#   image12   the CUDA 12 image (NVRTC 12.9) forced (KDA_DHU_IMAGE=cuda12): which image loaded, then
-#             the default kernel's parity tests (tests/test_gpu_kernel.py -k smem, IMAGE12_ARGS)
+#   image12   the same GPU suite with the CUDA 12 image (NVRTC 12.9) forced (KDA_DHU_IMAGE=cuda12;
+#             the image loaded is printed first)
+#             tests and image12 each write their counts (collected, passed, failed, skipped, the
+#             failed tests), gathered with the commit, GPU and date into gpu-suite-latest.json
 #   host      benches/host_overhead.py (HOST_ARGS)            -> host-latest.json
 #   e2e       benches/e2e.py (E2E_ARGS)                       -> e2e-latest.json
 #   bench     python -m kda_dhu.bench (BENCH_ARGS, default --all; BENCH_SHAPES=a,b for a subset)
@@ -50,9 +55,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-ALL_STAGES=(smoke tests sanitize image12 host e2e bench ab)
-declare -A CAP=([smoke]=0 [tests]=330 [sanitize]=170 [image12]=120 [host]=150 [e2e]=480 [bench]=240 [ab]=180)
-declare -A MIN=([smoke]=0 [tests]=120 [sanitize]=45 [image12]=40 [host]=60 [e2e]=150 [bench]=60 [ab]=45)
+ALL_STAGES=(smoke main tests sanitize image12 host e2e bench ab)
+declare -A CAP=([smoke]=0 [main]=240 [tests]=330 [sanitize]=170 [image12]=330 [host]=150 [e2e]=480 [bench]=240 [ab]=180)
+declare -A MIN=([smoke]=0 [main]=60 [tests]=120 [sanitize]=45 [image12]=120 [host]=60 [e2e]=150 [bench]=60 [ab]=45)
 for s in "${ALL_STAGES[@]}"; do
   v="${s^^}_CAP"
   [ -n "${!v:-}" ] && CAP[$s]=${!v}
@@ -65,8 +70,8 @@ asked=()
 for a in "$@"; do
   case "$a" in
     --plan) plan=1;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0;;
-    smoke|tests|sanitize|image12|host|e2e|bench|ab) asked+=("$a");;
+    -h|--help) sed -n '2,54p' "$0"; exit 0;;
+    smoke|main|tests|sanitize|image12|host|e2e|bench|ab) asked+=("$a");;
     *) echo "gpu_session: unknown stage '$a' (stages: ${ALL_STAGES[*]:1})" >&2; exit 2;;
   esac
 done
@@ -151,9 +156,57 @@ EOF
   return $rc
 }
 
+# ---------------------------------------------------------------------------- the GPU suite
+# run_suite STAGE LIMIT [VAR=VALUE...]: the GPU tests sharded round-robin over TEST_SHARDS pytest
+# processes under LIMIT seconds, in this environment plus VAR=VALUE; logs in $RES/STAGE, the
+# counts in $RES/STAGE/counts.json (gpu-suite-latest.json gathers them)
+run_suite() {
+  local stage=$1 limit=$2; shift 2
+  local dir=$RES/$stage s pids=() shards=${TEST_SHARDS:-8}
+  mkdir -p "$dir"
+  s=$(date +%s)
+  # shellcheck disable=SC2086
+  env "$@" timeout 120 python3 -m pytest ${TEST_PATHS:-tests} -q -m gpu -p no:cacheprovider --collect-only ${TEST_ARGS:-} \
+    > "$dir/collect.log" 2>&1
+  grep "::" "$dir/collect.log" > "$dir/ids.txt"
+  local n; n=$(wc -l < "$dir/ids.txt")
+  local left=$(( limit - ($(date +%s) - s) ))
+  stamp "$stage: $n collected, $shards shards (limit ${left} s)"
+  if (( n == 0 )); then
+    STATUS[$stage]="FAILED (no test collected)"; SECS[$stage]=$(( $(date +%s) - s ))
+    DETAIL[$stage]=$(tail -n 2 "$dir/collect.log" | tr '\n' ' ' | cut -c1-200)
+    return
+  elif (( left < 30 )); then
+    STATUS[$stage]="skipped"; SECS[$stage]=$(( $(date +%s) - s )); DETAIL[$stage]="collection left ${left} s"
+    return
+  fi
+  for i in $(seq 0 $((shards - 1))); do
+    awk -v s="$i" -v n="$shards" 'NR % n == s' "$dir/ids.txt" > "$dir/shard_$i.txt"
+    [ -s "$dir/shard_$i.txt" ] || continue
+    (
+      mapfile -t ids < "$dir/shard_$i.txt"
+      # shellcheck disable=SC2086
+      # FLA_CACHE_RESULTS=0: Triton's compiled kernels are shared through the cache, but fla's
+      # autotuning, timed here beside seven other shards, is not stored for the timed stages.
+      env "$@" FLA_CACHE_RESULTS=0 timeout --kill-after=10 "$left" python3 -m pytest -q -p no:cacheprovider --timeout=200 -rfE \
+        ${TEST_ARGS:-} "${ids[@]}" > "$dir/pytest_$i.log" 2>&1
+    ) &
+    pids+=($!)
+  done
+  local rc=0 p
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  local timed_out; timed_out=$(grep -L -E "[0-9]+ (passed|failed|error)" "$dir"/pytest_*.log | wc -l)
+  verdict "$stage" $rc $(( $(date +%s) - s ))
+  (( timed_out > 0 )) && STATUS[$stage]="FAILED ($timed_out shard(s) cut short)"
+  DETAIL[$stage]="$n tests, $shards shards: $(tail -q -n 1 "$dir"/pytest_*.log | grep -oE "[0-9]+ (passed|failed|skipped|errors?|xfailed|xpassed)" \
+    | sed 's/errors$/error/' | awk '{c[$2]+=$1} END {for (k in c) printf "%d %s, ", c[k], k}' | sed 's/, $//')"
+  grep -h -E "^(FAILED|ERROR) " "$dir"/pytest_*.log | cut -c1-160 > "$dir/failed.txt"
+  python3 scripts/suite_counts.py "$dir" "$n" "$timed_out" "${SECS[$stage]}" "$@" || true
+}
+
 # ---------------------------------------------------------------------------- tests (+ sanitize beside)
 tests_and_sanitize() {
-  local t_tests=0 t_san=0 s pids=() san_pid=""
+  local t_tests=0 t_san=0 s san_pid=""
   if [ -n "${WANT[tests]:-}" ]; then limit tests; t_tests=$LIMIT; fi
   if [ -n "${WANT[sanitize]:-}" ]; then limit sanitize; t_san=$LIMIT; fi
   if (( t_san > 0 )); then
@@ -166,44 +219,7 @@ tests_and_sanitize() {
     stamp "sanitize started (limit ${t_san} s)"
   fi
   if (( t_tests > 0 )); then
-    mkdir -p "$RES/tests"
-    s=$(date +%s)
-    local shards=${TEST_SHARDS:-8}
-    # shellcheck disable=SC2086
-    timeout 120 python3 -m pytest ${TEST_PATHS:-tests} -q -m gpu -p no:cacheprovider --collect-only ${TEST_ARGS:-} \
-      > "$RES/tests/collect.log" 2>&1
-    grep "::" "$RES/tests/collect.log" > "$RES/tests/ids.txt"
-    local n; n=$(wc -l < "$RES/tests/ids.txt")
-    local left=$(( t_tests - ($(date +%s) - s) ))
-    stamp "tests: $n collected, $shards shards (limit ${left} s)"
-    if (( n == 0 )); then
-      STATUS[tests]="FAILED (no test collected)"; SECS[tests]=$(( $(date +%s) - s ))
-      DETAIL[tests]=$(tail -n 2 "$RES/tests/collect.log" | tr '\n' ' ' | cut -c1-200)
-    elif (( left < 30 )); then
-      STATUS[tests]="skipped"; SECS[tests]=$(( $(date +%s) - s )); DETAIL[tests]="collection left ${left} s"
-    else
-      for i in $(seq 0 $((shards - 1))); do
-        awk -v s="$i" -v n="$shards" 'NR % n == s' "$RES/tests/ids.txt" > "$RES/tests/shard_$i.txt"
-        [ -s "$RES/tests/shard_$i.txt" ] || continue
-        (
-          mapfile -t ids < "$RES/tests/shard_$i.txt"
-          # shellcheck disable=SC2086
-          # FLA_CACHE_RESULTS=0: Triton's compiled kernels are shared through the cache, but fla's
-          # autotuning, timed here beside seven other shards, is not stored for the timed stages.
-          FLA_CACHE_RESULTS=0 timeout --kill-after=10 "$left" python3 -m pytest -q -p no:cacheprovider --timeout=200 -rfE \
-            ${TEST_ARGS:-} "${ids[@]}" > "$RES/tests/pytest_$i.log" 2>&1
-        ) &
-        pids+=($!)
-      done
-      local rc=0 p
-      for p in "${pids[@]}"; do wait "$p" || rc=1; done
-      local timed_out; timed_out=$(grep -L -E "[0-9]+ (passed|failed|error)" "$RES"/tests/pytest_*.log | wc -l)
-      verdict tests $rc $(( $(date +%s) - s ))
-      (( timed_out > 0 )) && STATUS[tests]="FAILED ($timed_out shard(s) cut short)"
-      DETAIL[tests]="$n tests, $shards shards: $(tail -q -n 1 "$RES"/tests/pytest_*.log | grep -oE "[0-9]+ (passed|failed|skipped|errors?|xfailed|xpassed)" \
-        | sed 's/errors$/error/' | awk '{c[$2]+=$1} END {for (k in c) printf "%d %s, ", c[k], k}' | sed 's/, $//')"
-      grep -h -E "^(FAILED|ERROR) " "$RES"/tests/pytest_*.log | cut -c1-160 | head -n 10 > "$RES/tests/failed.txt"
-    fi
+    run_suite tests "$t_tests"
     stamp "tests: ${STATUS[tests]} (${DETAIL[tests]})"
   fi
   if [ -n "$san_pid" ]; then
@@ -230,11 +246,38 @@ timed() {
   stamp "$name: ${STATUS[$name]}"
 }
 
-stage_image12() {
+stage_main() {
+  # As on a fresh machine: an empty Triton cache (fla compiles and tunes its stage-4 kernel);
+  # then warm, that cache kept. Wall-clock seconds of each; the job's own lines in the logs.
+  limit main
+  (( LIMIT == 0 )) && { stamp "main: ${STATUS[main]} (${DETAIL[main]})"; return; }
+  mkdir -p "$RES/main"
+  local cache; cache=$(mktemp -d /tmp/triton_fresh.XXXX)
+  local s t_fresh t_warm rc1 rc2
+  stamp "main: start (limit $LIMIT s)"
+  s=$(date +%s)
   # shellcheck disable=SC2086
-  timed image12 env KDA_DHU_IMAGE=cuda12 bash -c 'python3 -m kda_dhu --doctor 2>&1 | grep -i -E "kernel image|embedded kernel images";
-    python3 -m pytest tests/test_gpu_kernel.py -q -m gpu -p no:cacheprovider --timeout=100 -rfE -k smem '"${IMAGE12_ARGS:-}"
-  [ -f "$RES/image12/image12.log" ] && DETAIL[image12]=$(tail -n 1 "$RES/image12/image12.log" | cut -c1-120)
+  TRITON_CACHE_DIR=$cache timeout --kill-after=10 $(( LIMIT * 2 / 3 )) python3 -m kda_dhu ${MAIN_ARGS:-} \
+    > "$RES/main/fresh.log" 2>&1
+  rc1=$?; t_fresh=$(( $(date +%s) - s ))
+  s=$(date +%s)
+  # shellcheck disable=SC2086
+  TRITON_CACHE_DIR=$cache timeout --kill-after=10 $(( LIMIT - t_fresh )) python3 -m kda_dhu ${MAIN_ARGS:-} \
+    > "$RES/main/warm.log" 2>&1
+  rc2=$?; t_warm=$(( $(date +%s) - s ))
+  verdict main $(( rc1 != 0 ? rc1 : rc2 )) $(( t_fresh + t_warm ))
+  DETAIL[main]="fresh ${t_fresh} s (rc $rc1), warm ${t_warm} s (rc $rc2)"
+  stamp "main: ${STATUS[main]} (${DETAIL[main]})"
+}
+
+stage_image12() {
+  limit image12
+  (( LIMIT == 0 )) && { stamp "image12: ${STATUS[image12]} (${DETAIL[image12]})"; return; }
+  mkdir -p "$RES/image12"
+  KDA_DHU_IMAGE=cuda12 timeout 60 python3 -m kda_dhu --doctor 2>&1 \
+    | grep -i -E "kernel image|embedded kernel images" | tee "$RES/image12/image.txt"
+  run_suite image12 "$LIMIT" KDA_DHU_IMAGE=cuda12
+  stamp "image12: ${STATUS[image12]} (${DETAIL[image12]})"
 }
 
 stage_host() {
@@ -274,6 +317,7 @@ stamp "gpu_session: stages ${STAGES[*]}; budget $BUDGET s; commit $KDA_DHU_COMMI
 rc=0
 if smoke; then
   stamp "smoke: ok"
+  [ -n "${WANT[main]:-}" ] && stage_main
   if [ -n "${WANT[tests]:-}${WANT[sanitize]:-}" ]; then tests_and_sanitize; fi
   for s in image12 host e2e bench ab; do
     [ -n "${WANT[$s]:-}" ] && "stage_$s"
@@ -298,6 +342,9 @@ copy_record "$RES/host" host-latest.json "" host-latest.json
 copy_record "$RES/e2e" e2e-latest.json e2e-partial.json e2e-latest.json
 copy_record "$RES/bench" latest.json partial.json bench-latest.json
 [ -f "$RES/ab/variants.json" ] && cp "$RES/ab/variants.json" "$OUT/variants.json"
+if compgen -G "$RES/*/counts.json" >/dev/null; then
+  python3 scripts/suite_counts.py --gather "$RES" "$OUT/gpu-suite-latest.json" "$KDA_DHU_COMMIT" || true
+fi
 
 {
   if [ -s "$RES/tests/failed.txt" ]; then echo "failed tests (first 10):"; sed 's/^/  /' "$RES/tests/failed.txt"; fi

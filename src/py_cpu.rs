@@ -136,9 +136,11 @@ type CpuOutputs<'py> = (Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Bound<'py,
 /// Stage 4 on the CPU, in `mode` ("float64" or "fla"): fla's arguments (read as
 /// `validate` reads them; with cu_seqlens, chunk_indices' length is dh's NT), outputs of
 /// the caller's kind: (dh, dh0 or None, dv2).
-/// `poison`: fill the outputs with NaN before the run (tests).
+/// `poison`: fill the outputs with NaN before the run (tests). `check_only`: every check
+/// of the call (cu_seqlens' values included) and nothing else: returns None (the planner's
+/// verdict on host inputs).
 #[pyfunction]
-#[pyo3(name = "cpu_bwd_dhu", signature = (mode, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, *, poison=false))]
+#[pyo3(name = "cpu_bwd_dhu", signature = (mode, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, *, poison=false, check_only=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn py_cpu_bwd_dhu<'py>(
     py: Python<'py>,
@@ -159,7 +161,8 @@ pub(crate) fn py_cpu_bwd_dhu<'py>(
     chunk_indices: Option<&Bound<'py, PyAny>>,
     chunk_offsets: Option<&Bound<'py, PyAny>>,
     poison: bool,
-) -> PyResult<CpuOutputs<'py>> {
+    check_only: bool,
+) -> PyResult<Option<CpuOutputs<'py>>> {
     let (mode, args, desc, seqs) = guard(|| {
         let mode = Mode::parse(mode)?;
         let a = call_args(
@@ -185,6 +188,9 @@ pub(crate) fn py_cpu_bwd_dhu<'py>(
         desc.nt = Some(seqs.nt);
         Ok((mode, a, desc, seqs))
     })?;
+    if check_only {
+        return Ok(None);
+    }
     let d = desc.dims;
     let (dh_dtype, dh0_dtype, dv2_dtype) = mode.output_dtypes(desc.qk_dtype, desc.dv_dtype);
     let shapes = desc.out_shapes().expect("NT is known");
@@ -213,5 +219,5 @@ pub(crate) fn py_cpu_bwd_dhu<'py>(
         });
         Ok(())
     })?;
-    Ok((dh, dh0, dv2))
+    Ok(Some((dh, dh0, dv2)))
 }

@@ -172,6 +172,35 @@ fn expect_dtype_like(t: &TensorMeta, arg: &'static str, want: DType, other: &str
     }
 }
 
+/// A group of tensors that share one dtype (q, k, w; do, dv): each of an `allowed` dtype,
+/// then all of one. The error names the odd one out: the expected dtype is the one most
+/// of the group has (a tie goes to `hint`, the other group's dtype, then to the first
+/// argument's), and the first argument of another dtype is blamed. Returns the dtype.
+fn expect_one_dtype(
+    group: &[(&'static str, &TensorMeta)],
+    allowed: &[DType],
+    words: &str,
+    hint: Option<DType>,
+) -> Result<DType> {
+    for &(name, t) in group {
+        expect_dtype_in(t, name, allowed, words)?;
+    }
+    let score = |d: DType| (group.iter().filter(|(_, t)| t.dtype == d).count(), hint == Some(d));
+    let mut want = group[0].1.dtype;
+    for &(_, t) in group {
+        if score(t.dtype) > score(want) {
+            want = t.dtype;
+        }
+    }
+    match group.iter().find(|(_, t)| t.dtype != want) {
+        None => Ok(want),
+        Some(&(name, t)) => {
+            let like: Vec<&str> = group.iter().filter(|(_, t)| t.dtype == want).map(|&(n, _)| n).collect();
+            Err(Error::dtype(name, format!("expected dtype {want} like {}, got {}", like.join(" and "), t.dtype)))
+        }
+    }
+}
+
 /// The element types a path takes: `data` for q, k, w, do and dv, `fp32` for g, gk and
 /// dht (the fp32 tensors of fla's signature), with the words of their error messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -376,11 +405,9 @@ pub fn validate_dtypes(a: &CallArgs, check_device: bool, dtypes: &Dtypes) -> Res
     }
 
     // ---- dtypes ----
-    expect_dtype_in(&a.q, "q", dtypes.data, dtypes.data_words)?;
-    expect_dtype_like(&a.k, "k", a.q.dtype, "q")?;
-    expect_dtype_like(&a.w, "w", a.q.dtype, "q")?;
-    expect_dtype_in(&a.do_, "do", dtypes.data, dtypes.data_words)?;
-    expect_dtype_like(&a.dv, "dv", a.do_.dtype, "do")?;
+    let (data, words) = (dtypes.data, dtypes.data_words);
+    let qk_dtype = expect_one_dtype(&[("q", &a.q), ("k", &a.k), ("w", &a.w)], data, words, None)?;
+    expect_one_dtype(&[("do", &a.do_), ("dv", &a.dv)], data, words, Some(qk_dtype))?;
     if let Some(g) = &a.g {
         expect_dtype_in(g, "g", dtypes.fp32, dtypes.fp32_words)?;
     }
@@ -815,10 +842,28 @@ pub(crate) mod tests {
     fn dtype_errors_are_type_errors() {
         let cases: Vec<Case> = vec![
             (Box::new(|a| a.q.dtype = DType::I64), "q: expected dtype bfloat16, float16 or float32, got int64"),
-            (Box::new(|a| a.w.dtype = DType::F16), "w: expected dtype bfloat16 like q, got float16"),
-            (Box::new(|a| a.k.dtype = DType::F32), "k: expected dtype bfloat16 like q, got float32"),
+            (Box::new(|a| a.w.dtype = DType::F16), "w: expected dtype bfloat16 like q and k, got float16"),
+            (Box::new(|a| a.k.dtype = DType::F32), "k: expected dtype bfloat16 like q and w, got float32"),
+            // the odd one out is named, q too
+            (Box::new(|a| a.q.dtype = DType::F32), "q: expected dtype bfloat16 like k and w, got float32"),
             (Box::new(|a| a.do_.dtype = DType::F64), "do: expected dtype bfloat16, float16 or float32, got float64"),
             (Box::new(|a| a.dv.dtype = DType::F16), "dv: expected dtype bfloat16 like do, got float16"),
+            // do against dv: a tie, settled by q's dtype
+            (Box::new(|a| a.do_.dtype = DType::F16), "do: expected dtype bfloat16 like dv, got float16"),
+            (
+                Box::new(|a| {
+                    a.do_.dtype = DType::F16;
+                    a.dv.dtype = DType::F32;
+                }),
+                "dv: expected dtype float16 like do, got float32",
+            ),
+            (
+                Box::new(|a| {
+                    a.k.dtype = DType::F16;
+                    a.w.dtype = DType::F32;
+                }),
+                "k: expected dtype bfloat16 like q, got float16",
+            ),
             (Box::new(|a| a.gk.as_mut().unwrap().dtype = DType::BF16), "gk: expected dtype float32, got bfloat16"),
             (Box::new(|a| a.dht.as_mut().unwrap().dtype = DType::F16), "dht: expected dtype float32, got float16"),
             (Box::new(|a| a.h0.as_mut().unwrap().dtype = DType::I32), "h0: expected a floating-point dtype, got int32"),

@@ -5,7 +5,7 @@ GPU tests compare against fla's own stage 4 on many head / size keys; its autotu
 compile and time twelve configs for each new key (minutes over the suite, the K = 256 cases
 over three minutes alone). Every config computes the same recurrence (BV splits the V
 columns; the warps and stages change the schedule, not the sums), so the tests run fla
-with one config valid for every K <= 256: BV = 32, 4 warps, 2 stages.
+with one config valid for every K <= 256 and every dtype: BV = 32, 4 warps, one stage.
 KDA_DHU_TEST_FLA_TUNE=1 keeps fla's autotuning (the benchmarks always keep it: they
 time fla at its best)."""
 

@@ -111,3 +111,57 @@ def pin_fla_stage4():
         return pin()
     except Exception:  # noqa: BLE001 - no (usable) fla here: nothing to pin
         return None
+
+
+# --------------------------------------------------------------- fresh interpreters
+# Switches that change a call's route, left out of a child's environment unless it sets them.
+ROUTE_SWITCHES = ("KDA_DHU_NO_AUTOREGISTER", "FLA_KDA_DHU", "KDA_DHU_FORCE", "FLA_DISABLE_BACKEND_DISPATCH")
+
+
+def start_child(code: str, env: dict | None = None):
+    """``python -c code`` in a fresh interpreter that imports this checkout's kda_dhu,
+    with none of ROUTE_SWITCHES set unless ``env`` sets them; (Popen, start time)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import kda_dhu
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kda_dhu.__file__)))
+    full = {k: v for k, v in os.environ.items() if k not in ROUTE_SWITCHES}
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    full["PYTHONWARNINGS"] = "ignore"
+    full.update(env or {})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+        cwd=root,
+        start_new_session=True,
+    )
+    return proc, time.monotonic()
+
+
+def finish_child(started, limit_s: float, what: str) -> str:
+    """Waits for a ``start_child`` process until ``limit_s`` after its start; fails (after
+    killing it) past that, or on a non-zero exit, or without a "DONE" line. Its stdout."""
+    import subprocess
+    import time
+
+    import pytest
+
+    proc, t0 = started
+    try:
+        out, err = proc.communicate(timeout=max(1.0, limit_s - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(
+            f"{what}: did not return within {limit_s:g} s (a lock held across an import?)\n{err[-2000:]}"
+        )
+    assert proc.returncode == 0, f"{what}: exit {proc.returncode}\n{out[-1000:]}\n{err[-3000:]}"
+    assert "DONE" in out, f"{what}: no DONE line\n{out[-1000:]}\n{err[-2000:]}"
+    return out

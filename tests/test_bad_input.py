@@ -207,19 +207,37 @@ BAD: list[Bad] = [
         "k fp16 with q bf16",
         with_(k=tensor_of((B_, T_, H_, K_), F16)),
         TypeError,
-        r"^k: expected dtype bfloat16 like q, got float16$",
+        r"^k: expected dtype bfloat16 like q and w, got float16$",
     ),
     Bad(
         "w fp32 with q bf16",
         with_(w=tensor_of((B_, T_, HV_, K_), F32)),
         TypeError,
-        r"^w: expected dtype bfloat16 like q, got float32$",
+        r"^w: expected dtype bfloat16 like q and k, got float32$",
+    ),
+    Bad(
+        "q fp32 with k and w bf16",
+        with_(q=tensor_of((B_, T_, H_, K_), F32)),
+        TypeError,
+        r"^q: expected dtype bfloat16 like k and w, got float32$",
+    ),
+    Bad(
+        "q a numpy float32 array with k and w bf16",
+        with_(q=tensor_of((B_, T_, H_, K_), F32).numpy()),
+        TypeError,
+        r"^q: expected dtype bfloat16 like k and w, got float32$",
     ),
     Bad(
         "dv fp16 with do bf16",
         with_(dv=tensor_of((B_, T_, HV_, V_), F16)),
         TypeError,
         r"^dv: expected dtype bfloat16 like do, got float16$",
+    ),
+    Bad(
+        "do fp16 with dv and q bf16",
+        with_(do=tensor_of((B_, T_, HV_, V_), F16)),
+        TypeError,
+        r"^do: expected dtype bfloat16 like dv, got float16$",
     ),
     # ---- not tensors ----
     Bad(
@@ -782,8 +800,8 @@ def test_plan_call_reports_without_raising(case: Bad, request):
     _assert_unchanged(kw, snap)
 
 
-# ---- valid input that is unusual: validate passes; on the CPU the public API stops at
-# the device check ("q: expected a CUDA tensor"), plan_call reports it ----
+# ---- valid input that is unusual: validate passes; on the CPU the public API runs the
+# CPU implementation and plan_call says so; the kernel planner stops at its device check ----
 
 
 def _transposed(shape, dtype=BF16):
@@ -881,19 +899,22 @@ def test_valid_input_passes_validate(make):
 @pytest.mark.parametrize("make", [m for _, m in VALID], ids=[i for i, _ in VALID])
 def test_valid_cpu_input_runs_on_the_cpu_and_stops_at_the_kernels_device_check(make):
     """Valid input in host memory runs on the CPU (the Rust core's CPU path; chunk_size
-    other than 64 is the one thing it refuses, by name); the kernel's planner stops at its
-    device check; the caller's tensors are never modified."""
+    other than 64 is the one thing it refuses, by name), and plan_call says so; the
+    kernel's planner stops at its device check; the caller's tensors are never modified."""
     kw = make()
     snap = _snapshot(kw)
     if kw.get("chunk_size", 64) not in (64, None) and not isinstance(kw.get("chunk_size"), bool):
         with pytest.raises(ValueError, match=r"^chunk_size: the CPU path takes 64"):
             kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)
+        ok, reason = kda_dhu.plan_call(**kw)
+        assert ok is False and reason.startswith("ValueError: chunk_size: the CPU path takes 64"), reason
     else:
         dh, dh0, dv2 = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)
         assert tuple(dv2.shape) == tuple(kw["dv"].shape)
         assert (dh0 is None) == (kw.get("h0") is None)
         assert np.isfinite(np.asarray(dv2.float() if isinstance(dv2, torch.Tensor) else dv2)).all()
-    assert kda_dhu.plan_call(**kw) == (False, "ValueError: q: expected a CUDA tensor, got a tensor on cpu")
+        ok, reason = kda_dhu.plan_call(**kw)
+        assert ok is False and reason.startswith("cpu: "), reason
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
         _core.plan("capable", **kw)
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
@@ -907,6 +928,59 @@ def test_plan_rule_names_the_choices():
             ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable', got \"fast\"$"
         ):
             fn("fast", **call())
+
+
+# A dtype the other tensors of a call do not share, by the argument's own: one fla takes
+# for the 16-bit tensors (float32), a 16-bit one for the float32 tensors, a float one
+# for the tables; h0 takes any float dtype, so an integer one.
+_ODD = {BF16: F32, F32: BF16, torch.int64: F32}
+
+
+@pytest.mark.parametrize(
+    "base, name",
+    [("dense gk", n) for n in ("q", "k", "w", "do", "dv", "gk", "h0", "dht")]
+    + [("packed g", n) for n in ("g", "cu_seqlens", "chunk_indices", "chunk_offsets")],
+)
+def test_the_odd_dtype_out_is_named(base, name):
+    """Every tensor argument given a dtype the others of its call do not have: the error
+    names that argument, on every entry point (validate, the call, plan_call)."""
+    if base == "dense gk":
+        kw = call()
+    else:
+        kw = varlen_call(g=-tensor_of((1, T_, HV_), F32).abs(), gk=None)
+        kw["chunk_indices"] = torch.tensor([[0, 0], [1, 0], [2, 0]])  # 30, 40, 30 tokens: a chunk each
+        kw["chunk_offsets"] = torch.tensor([0, 1, 2, 3])
+    x = kw[name]
+    kw[name] = x.to(torch.int32 if name == "h0" else _ODD[x.dtype])
+    pattern = rf"^{name}: expected "
+    with pytest.raises(TypeError, match=pattern):
+        _core.validate(**kw)
+    with pytest.raises(TypeError, match=pattern):
+        kda_dhu.chunk_gated_delta_rule_bwd_dhu(**kw)
+    ok, reason = kda_dhu.plan_call(**kw)
+    assert ok is False and re.match(rf"TypeError: {name}: expected ", reason), reason
+
+
+def test_plan_call_and_plan_b2a_say_what_runs_for_host_inputs():
+    """CPU tensors: the verdict names kda-dhu's CPU implementation (what the call runs),
+    and bad input is a verdict, not an exception, from both planners."""
+    kw = call()
+    for ok, reason in (
+        kda_dhu.plan_call(**kw),
+        kda_dhu.plan_b2a(
+            kw["q"], kw["k"], kw["w"], kw["gk"], kw["h0"], kw["dht"], kw["do"], kw["dv"], 0.125, 64
+        ),
+    ):
+        assert ok is False and reason.startswith("cpu: ") and "CPU implementation" in reason, reason
+    bad = {**kw, "dv": kw["dv"][..., :3]}
+    ok, reason = kda_dhu.plan_call(**bad)
+    assert ok is False and reason.startswith("ValueError: dv: expected shape"), reason
+    ok, reason = kda_dhu.plan_b2a(
+        bad["q"], bad["k"], bad["w"], bad["gk"], bad["h0"], bad["dht"], bad["do"], bad["dv"], 0.125, 64
+    )
+    assert ok is False and reason.startswith("ValueError: dv: expected shape"), reason
+    ok, reason = kda_dhu.plan_call(**{**kw, "chunk_size": 32})
+    assert ok is False and reason == "ValueError: chunk_size: the CPU path takes 64, got 32", reason
 
 
 def test_force_env_is_read_at_every_call(monkeypatch):

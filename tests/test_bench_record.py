@@ -126,3 +126,31 @@ def test_reset_fla_autotune_clears_the_stage4_tuners():
     for t in tuners:
         assert ("planted",) not in t.cache
         assert getattr(t, "cache_results", False) is False
+
+
+@pytest.mark.parametrize("gate, state_v_first", [("gk", False), ("g", True), (None, False)])
+def test_a_sample_of_pairs_is_the_whole_call_at_those_pairs(gate, state_v_first):
+    """The main job's reference sample: the float64 reference of the sampled call equals
+    the whole call's reference at those (batch, value head) pairs (GVA: each pair reads
+    its own q/k head), and the sampled outputs are the whole outputs there."""
+    import torch
+    from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref
+    from kda_dhu.testing import make_inputs
+
+    a = make_inputs(
+        3,
+        130,
+        2,
+        4,
+        16,
+        32,
+        gate=gate,
+        state_v_first=state_v_first,
+        generator=torch.Generator().manual_seed(5),
+    )
+    pairs = [(0, 3), (1, 0), (2, 1), (2, 2)]
+    whole = chunk_gated_delta_rule_bwd_dhu_ref(**a)
+    sampled = chunk_gated_delta_rule_bwd_dhu_ref(**bench.sample_pairs(a, pairs))
+    for name, s, w in zip(("dh", "dh0", "dv2"), sampled, bench.sample_outputs(whole, pairs)):
+        assert s.shape == w.shape, (name, s.shape, w.shape)
+        assert torch.equal(s, w), name

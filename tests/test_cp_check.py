@@ -227,7 +227,7 @@ def test_backend_switch_and_routing():
         assert bwd.chunk_gated_delta_rule_bwd_dhu is not orig[0]
         assert _dispatch.verify is not orig[1]
         q = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)
-        verdict = _dispatch.plan_call(q, q, q, q, q)  # a CPU call: the verifier says no
+        verdict = backend.chunk_gated_delta_rule_bwd_dhu_verifier(q, q, q, q, q)  # a CPU call: no
         assert verdict[0] is False
         assert probe.snapshot()["verdicts"] and probe.snapshot()["kernel_launches"] == 0
     assert (bwd.chunk_gated_delta_rule_bwd_dhu, _dispatch.verify) == orig

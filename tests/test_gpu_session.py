@@ -8,12 +8,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-SCRIPTS = ("gpu_session.sh", "sanitize.sh")
+SCRIPTS = ("gpu_session.sh", "sanitize.sh", "suite_counts.py")
 
 # python3's stand-in: dispatches on the arguments as the session script passes them.
 PYTHON_STUB = r"""#!/usr/bin/env bash
@@ -40,6 +41,9 @@ case "$*" in
   "-m kda_dhu.bench"*)
     d=$(outdir "$@"); mkdir -p "$d"; echo '{"rows": []}' > "$d/latest.json"; echo "[1/1] prod8192 ..."; exit 0;;
   benches/variants.py*) sleep 30; exit 0;;
+  "-m kda_dhu --doctor"*) echo "kernel image of cuda:0: dhu_sm90 sm_90a, CUDA ${KDA_DHU_IMAGE#cuda} image (stub)"; exit 0;;
+  "-m kda_dhu"*) echo "[  1.0 s] done (cache $TRITON_CACHE_DIR)"; exit 0;;
+  scripts/suite_counts.py*) exec "$REAL_PYTHON" "$@";;
 esac
 echo "python3 stub: unexpected arguments: $*" >&2
 exit 99
@@ -79,6 +83,7 @@ def session(tmp_path):
         "SESSION_DIR": str(tmp_path / "res"),
         "TRITON_CACHE_DIR": str(tmp_path / "triton"),
         "STUB_LOG": str(tmp_path / "calls.log"),
+        "REAL_PYTHON": sys.executable,
     }
 
     def run(*stages, **extra):
@@ -136,6 +141,26 @@ def test_every_stage_runs_in_order_and_survives_the_others(session):
     assert sum("pytest_" in m for m in members) == 5  # five tests over eight shards: five non-empty shards
     assert any(m.endswith("sanitize_memcheck.log") for m in members)
     assert p.stdout.rstrip().splitlines()[-1].startswith("ab ")  # the summary is printed last
+
+
+def test_main_job_and_both_images_of_the_suite_are_recorded(session, tmp_path):
+    """main runs the job twice on one fresh Triton cache (fresh, then warm); tests and
+    image12 run the whole suite, image12 with KDA_DHU_IMAGE=cuda12 on every shard; their
+    counts land in gpu-suite-latest.json, one run per image."""
+    (p, out, calls) = session("image12", "tests", "main")
+    rows = _summary(out)
+    assert list(rows) == ["smoke", "main", "tests", "image12"]
+    assert " ok " in rows["main"] and "fresh " in rows["main"] and "warm " in rows["main"], rows["main"]
+    jobs = [c for c in calls if c.startswith("python3 -m kda_dhu") and "--doctor" not in c and ".bench" not in c]
+    assert len(jobs) == 2, calls
+    assert "CUDA 12 image" in p.stdout
+    record = json.loads((out / "gpu-suite-latest.json").read_text())
+    assert record["commit"] == "abc1234" and record["gpu"] == "FAKE GPU"
+    assert [r["stage"] for r in record["runs"]] == ["tests", "image12"]
+    for run in record["runs"]:
+        assert (run["collected"], run["passed"], run["failed"], run["skipped"]) == (5, 4, 1, 4), run
+        assert run["failed_tests"] == ["FAILED tests/test_a.py::test_3[a b] - boom"], run
+    assert record["runs"][1]["env"] == ["KDA_DHU_IMAGE=cuda12"]
 
 
 def test_a_failed_smoke_step_stops_the_session(session):

@@ -647,7 +647,7 @@ def _inject_plan(monkeypatch, reason, run_kernel, run_fla):
     monkeypatch.setattr(_dispatch, "_core", _FakeCore)
     monkeypatch.setattr(_dispatch, "_require_core", lambda: _FakeCore)
     monkeypatch.setattr(_dispatch, "_on_cpu", lambda q: False)
-    monkeypatch.setattr(_dispatch, "_decide", lambda rule, c: (True, reason, _FakeCall, c))
+    monkeypatch.setattr(_dispatch, "_decide", lambda rule, c, force: (True, reason, _FakeCall, c))
     monkeypatch.setattr(_dispatch, "_launch", lambda *a, **k: run_kernel())
     monkeypatch.setattr(_dispatch._Call, "fla", lambda self: run_fla())
 

@@ -3,7 +3,9 @@
 On a CUDA GPU: stage 4 on a real training shape (default prod8192: B16 T8192 H32
 K=V=128 bf16, KDA's gk path) through ``kda_dhu_b2a``, against fla's own function in the
 same run: both times (median of CUDA events), the bandwidth floor, and the error of
-each against the float64 reference (computed on the GPU) and of one against the other.
+each against the float64 reference (computed on the GPU, on a random sample of 16
+(batch, head) pairs; --full-reference for all) and of one against the other. A line
+with the seconds since the start comes before each step.
 
 Without one: says so, and checks the float64 reference on the CPU against an
 independent per-token loop on small random problems of every variant.
@@ -66,12 +68,25 @@ def main(argv=None) -> int:
         action="store_true",
         help="print versions, driver, GPUs, fla's backend registry and the README shapes' routes, and exit",
     )
+    ap.add_argument(
+        "--full-reference",
+        action="store_true",
+        help="check the float64 reference on every (batch, head) pair, not on a sample of 16",
+    )
     args = ap.parse_args(argv)
     if args.doctor:
         from . import doctor
 
         return doctor.main()
 
+    import time
+
+    t0 = time.monotonic()
+
+    def step(line: str) -> None:
+        print(f"[{time.monotonic() - t0:5.1f} s] {line}", flush=True)
+
+    step("importing torch")
     import torch
 
     import kda_dhu
@@ -88,14 +103,17 @@ def main(argv=None) -> int:
     from . import bench
 
     rows = [r for r in SHAPES if r[0] == args.shape]
-    bw = bench.copy_bandwidth()
+    step("importing fla, measuring the copy bandwidth")
     import fla
 
+    bw = bench.copy_bandwidth()
     print(
         f"{torch.cuda.get_device_name()}  torch {torch.__version__}  fla {fla.__version__}  "
-        f"kda_dhu {kda_dhu.__version__}  copy bandwidth {bw:.0f} GB/s"
+        f"kda_dhu {kda_dhu.__version__}  copy bandwidth {bw:.0f} GB/s",
+        flush=True,
     )
-    r = bench.run_shape(rows[0], bw, entry="b2a")
+    r = bench.run_shape(rows[0], bw, entry="b2a", progress=step, ref_pairs=None if args.full_reference else 16)
+    step("done")
     print(
         f"{r['shape']}: B={r['B']} T={r['T']} H={r['H']} HV={r['HV']} K={r['K']} V={r['V']} bf16 "
         f"({r['path']})"

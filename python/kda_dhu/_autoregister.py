@@ -125,10 +125,10 @@ def install() -> None:
     if _switch_set(ENV_VAR):
         state.update(status="off", error=None)
         return
-    with _lock:
+    with _lock:  # held for the finder alone: registering imports fla, whose hook lands in _register
         if not any(getattr(f, "_kda_dhu_autoregister", False) for f in sys.meta_path):
             sys.meta_path.insert(0, _Finder())
-        if TARGET in sys.modules:
-            _register()
-        else:
-            state.update(status="waiting", error=None)
+    if TARGET in sys.modules:
+        _register()
+    else:
+        state.update(status="waiting", error=None)

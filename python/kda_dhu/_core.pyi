@@ -298,7 +298,8 @@ def cpu_bwd_dhu(
     chunk_offsets: Tensor | None = None,
     *,
     poison: bool = False,
-) -> tuple[Any, Any | None, Any]:
+    check_only: bool = False,
+) -> tuple[Any, Any | None, Any] | None:
     """Stage 4 on the CPU (src/cpu.rs), multi-threaded over (sequence, value head).
 
     ``mode``: "fla" (fp32 arithmetic with fla's rounding points; dh in q's dtype, dh0
@@ -307,6 +308,7 @@ def cpu_bwd_dhu(
     cu_seqlens, chunk_indices' length is dh's NT; a chunk_offsets table of N entries is
     not used); chunk_size must be 64. Every tensor in CPU memory. Outputs are torch tensors when q is a
     torch.Tensor, numpy arrays otherwise. ``poison``: fill the outputs with NaN before the
-    run (tests). Raises as ``validate`` (the mode's dtypes), then ValueError for a tensor
+    run (tests). ``check_only``: every check below and nothing else, returning None.
+    Raises as ``validate`` (the mode's dtypes), then ValueError for a tensor
     not in CPU memory, chunk_size != 64, an unknown mode, and cu_seqlens / chunk_offsets /
     chunk_indices values that do not describe the packed batch. Releases the GIL."""

@@ -232,13 +232,19 @@ def _host_check(c: _Call, nt) -> None:
 SM100_CHECK = SelfCheck("sm_100a")
 
 
-def _decide(rule: str, c: _Call):
-    """(ok, reason, PreparedCall, call): the plan of the call as it will run, after the
-    copies its layout needs (``call`` is then the packed copy) and, for a packed batch
-    given without chunk_indices, with its chunk count. Raises on input that neither the
-    kernel nor fla takes, naming the argument."""
-    core = _require_core()
-    force = core.force()  # ValueError for a value that is not kernel / fla / unset
+def _force():
+    """KDA_DHU_FORCE, read once per call where its route is decided: None, "kernel" or
+    "fla"; ValueError naming the switch for another value (src/env.rs reads it)."""
+    return _require_core().force()
+
+
+def _decide(rule: str, c: _Call, force):
+    """(ok, reason, PreparedCall, call): the plan of the call as it will run under
+    ``force`` (the caller's snapshot of KDA_DHU_FORCE), after the copies its layout needs
+    (``call`` is then the packed copy) and, for a packed batch given without
+    chunk_indices, with its chunk count. Raises on input that neither the kernel nor fla
+    takes, naming the argument, and RuntimeError for KDA_DHU_FORCE=kernel on a call the
+    kernel cannot compute."""
     ok, reason, call = c.prepare(rule)
     nt = None
     if call.nt is None:  # a packed batch without chunk_indices: count its chunks (validated)
@@ -287,14 +293,16 @@ def _cpu(c: _Call):
     )  # fmt: skip
 
 
-def _general(rule: str, c: _Call, signature_entry: str):
-    """The general path: decide, then the kernel (guarded on sm_100a) or fla's function;
-    inputs in host memory run on the CPU."""
-    _require_core().force()  # a KDA_DHU_FORCE value that is not kernel / fla / unset is named on every route
+def _general(rule: str, c: _Call, force):
+    """The general path under ``force`` (the call's one reading of KDA_DHU_FORCE): decide,
+    then the kernel (guarded on sm_100a) or fla's function; inputs in host memory run on
+    the CPU whatever the switch says (neither kernel runs there)."""
+    if isinstance(force, Exception):  # a bad KDA_DHU_FORCE value, read by the backend's verifier
+        raise force
     if _on_cpu(c.q):
         return _cpu(c)
     with _device_ctx(c.q):
-        ok, reason, call, c = _decide(rule, c)
+        ok, reason, call, c = _decide(rule, c, force)
         if call.nt == 0:  # nothing for either implementation to walk
             return _empty_outputs(c, call)
         if not ok:
@@ -303,37 +311,42 @@ def _general(rule: str, c: _Call, signature_entry: str):
             return c.fla()
         if reason == "kernel-sm100a":
             sig = signature_of(
-                signature_entry, c.q, c.do, g=c.g, gk=c.gk, h0=c.h0, dht=c.dht,
+                rule, c.q, c.do, g=c.g, gk=c.gk, h0=c.h0, dht=c.dht,
                 state_v_first=c.state_v_first, cu_seqlens=c.cu_seqlens,
             )  # fmt: skip
             return SM100_CHECK.run(sig, lambda: _kernel_or_fla(c, call), c.fla)
         return _kernel_or_fla(c, call)
 
 
-def verify(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
-           chunk_size=64, chunk_indices=None, chunk_offsets=None, use_graph=False):  # fmt: skip
-    """The fla backend's decision on a call: (accepted, reason, PreparedCall or None).
+def _host_verdict(c: _Call) -> tuple[bool, str]:
+    """The verdict on a call whose q is in host memory: every check of the CPU path
+    (kda-dhu's CPU implementation runs it, whatever KDA_DHU_FORCE says), then why."""
+    _require_core().cpu_bwd_dhu(
+        "fla", c.q, c.k, c.w, c.do, c.dv, c.g, c.gk, c.h0, c.dht, c.scale, c.state_v_first, c.cu_seqlens,
+        c.chunk_size, c.chunk_indices, c.chunk_offsets, check_only=True,
+    )  # fmt: skip
+    return False, "cpu: inputs in host memory run on kda-dhu's CPU implementation (fla's precision)"
 
-    Accepted where the kernel runs the call, and where an input must be copied first
-    (fla's function would read it as if contiguous: the backend's implementation copies
-    and then runs the kernel or fla's function). Never raises: invalid input is a
-    rejection whose reason names the argument, and fla then raises its own error.
-    """
-    try:
-        c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
-                  chunk_indices, chunk_offsets, use_graph)  # fmt: skip
-        with _device_ctx(q):
-            ok, reason, call = c.prepare("extended")
-            if call.nt is None:  # a packed batch without chunk_indices: count its chunks (validated)
-                ok, reason, call = c.prepare("extended", chunk_count(c.cu_seqlens, q.shape[1]))
-    except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
-        return False, f"{type(err).__name__}: {err}", None
+
+def _verify(c: _Call, force):
+    """(accepted, reason, PreparedCall or None) of a CUDA call under ``force``: where the
+    kernel runs it, and where an input must be copied first (fla's function would read it
+    as if contiguous). Raises on invalid input."""
+    if force == "fla":
+        return False, f"{FORCE_ENV}=fla", None
+    rule = "capable" if force == "kernel" else "extended"
+    with _device_ctx(c.q):
+        ok, reason, call = c.prepare(rule)
+        if call.nt is None:  # a packed batch without chunk_indices: count its chunks (validated)
+            ok, reason, call = c.prepare(rule, chunk_count(c.cu_seqlens, c.q.shape[1]))
+    if force == "kernel" and not ok:
+        raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
     if not ok:  # a device that cannot run the kernel image: one warning per device, then fla
-        _driver.note_unavailable(reason, stacklevel=4)
+        _driver.note_unavailable(reason, stacklevel=5)
     if call.copies:
         err = c.uncopyable(call.copies)
         if err is not None:  # the implementation could not copy it: fla's function decides
-            return False, f"{type(err).__name__}: {err}", None
+            raise err
         return (
             True,
             f"{reason} after copying {', '.join(call.copies)} (fla's function reads inputs as contiguous)",
@@ -342,20 +355,95 @@ def verify(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, stat
     return ok, reason, call
 
 
+class Forced:
+    """The fla backend verifier's reading of KDA_DHU_FORCE, handed to its implementation
+    (``run_decided``) so that the call reads the switch once: "kernel", or the ValueError
+    of a value that is not kernel / fla / unset."""
+
+    __slots__ = ("force",)
+
+    def __init__(self, force):
+        self.force = force
+
+
+def verify(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
+           chunk_size=64, chunk_indices=None, chunk_offsets=None, use_graph=False):  # fmt: skip
+    """The fla backend's decision on a call: (accepted, reason, handoff). Never raises.
+
+    KDA_DHU_FORCE is read here, once for the call (the implementation does not read it
+    again): unset, accepted where the kernel runs the call and where an input must be
+    copied first (the implementation copies, then runs the kernel or fla's function);
+    invalid input, host inputs and calls the kernel does not cover are rejections whose
+    reason says why (fla then runs, and raises its own error). ``fla``: rejected, so
+    fla's own kernel runs. ``kernel``: accepted, so kda-dhu runs the call and raises
+    where the kernel cannot compute it, as the direct entry points do. A bad value:
+    accepted, so the implementation raises the ValueError naming the switch, as every
+    route does.
+
+    ``handoff``, for the implementation: the PreparedCall to launch, a ``Forced`` (run
+    through ``run_decided``), or None on a rejection.
+    """
+    try:
+        force = _force()
+    except ValueError as err:
+        return True, f"{type(err).__name__}: {err}", Forced(err)
+    if force == "kernel":
+        return True, f"{FORCE_ENV}=kernel", Forced(force)
+    try:
+        c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
+                  chunk_indices, chunk_offsets, use_graph)  # fmt: skip
+        if _on_cpu(c.q):
+            return (*_host_verdict(c), None)
+        ok, reason, call = _verify(c, force)
+    except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
+        return False, f"{type(err).__name__}: {err}", None
+    return ok, reason, (call if ok else None)
+
+
+def run_decided(values: tuple, force):
+    """The fla backend's implementation of an accepted call that did not run in one
+    crossing: fla's signature's 16 arguments, under the verifier's reading of
+    KDA_DHU_FORCE (not read again)."""
+    c = _Call(*values[:9], _default_scale(values[0], values[9]), *values[10:])
+    return _general("extended", c, force)
+
+
+def _plan(rule: str, c: _Call) -> tuple[bool, str]:
+    """(the kernel runs the call, why) as the entry point of ``rule`` would run it now
+    (KDA_DHU_FORCE included); invalid input is (False, "TypeError: ...") . Never raises."""
+    try:
+        force = _force()
+        if _on_cpu(c.q):
+            return _host_verdict(c)
+        if rule == "extended":
+            ok, reason, call = _verify(c, force)
+            if call is not None and call.copies:  # accepted for the copy: the verdict on the copy
+                ok = call.verdict[0]
+            return ok, reason
+        with _device_ctx(c.q):
+            ok, reason, _, _ = _decide(rule, c, force)
+        return ok, reason
+    except Exception as err:  # noqa: BLE001 - a verdict, not a call
+        return False, f"{type(err).__name__}: {err}"
+
+
 def plan_call(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
               chunk_size=64, chunk_indices=None, chunk_offsets=None, use_graph=False):  # fmt: skip
-    """The planner's verdict on a call of ``chunk_gated_delta_rule_bwd_dhu``; no side effects.
+    """What ``chunk_gated_delta_rule_bwd_dhu`` would run for this call; no side effects,
+    never raises.
 
-    Returns ``(True, "kernel-sm90a")`` when kda-dhu's kernel runs the call, else
-    ``(False, reason)``; a call whose inputs are copied first says so after the verdict.
-    Invalid input is reported as ``(False, message)`` rather than raised (this is the
-    verifier of kda-dhu's fla backend, which fla logs).
+    Returns ``(True, "kernel-sm90a")`` (or ``-sm100a``) when kda-dhu's kernel runs the
+    call, else ``(False, reason)``: the planner's failing clause (fla's function runs),
+    ``"KDA_DHU_FORCE=fla"``, ``"cpu: ..."`` for inputs in host memory (kda-dhu's CPU
+    implementation runs), or ``"TypeError: ..."`` / ``"ValueError: ..."`` / ``"RuntimeError:
+    ..."`` with the message the call would raise (invalid input; KDA_DHU_FORCE=kernel on a
+    call the kernel cannot compute). A call whose inputs are copied first says so after
+    the verdict. Reads a packed batch's cu_seqlens when chunk_indices is not given (the
+    chunk count, through fla's cache, as the call does).
     """
-    ok, reason, call = verify(q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size,
-                              chunk_indices, chunk_offsets, use_graph)  # fmt: skip
-    if call is not None and call.copies:
-        ok, reason = call.verdict[0], reason
-    return ok, reason
+    c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
+              chunk_indices, chunk_offsets, use_graph)  # fmt: skip
+    return _plan("extended", c)
 
 
 def chunk_gated_delta_rule_bwd_dhu(
@@ -433,7 +521,7 @@ def chunk_gated_delta_rule_bwd_dhu(
             return out
     c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
               chunk_indices, chunk_offsets, use_graph)  # fmt: skip
-    return _general("extended", c, "extended")
+    return _general("extended", c, _force())
 
 
 chunk_gated_delta_rule_bwd_dhu._kda_dhu_entry = True
@@ -457,23 +545,22 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
         if out is not None:
             return out
     c = _Call(qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None, None, False)
-    return _general("b2a", c, "b2a")
+    return _general("b2a", c, _force())
 
 
 def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> tuple[bool, str]:
-    """The original dispatcher's verdict for a ``kda_dhu_b2a`` call: (use_kernel, reason).
-    Raises on invalid input, naming the argument."""
+    """What ``kda_dhu_b2a`` would run for this call: (use_kernel, reason), as
+    ``plan_call`` answers (KDA_DHU_FORCE, host inputs and invalid input included); never
+    raises."""
     c = _Call(qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None, None, False)
-    with _device_ctx(qg):
-        ok, reason, _, _ = _decide("b2a", c)
-    return ok, reason
+    return _plan("b2a", c)
 
 
 def run_kernel(rule: str, c: _Call, poison: bool = False):
     """The kernel on a call under ``rule`` ("capable": wherever it can compute it), outputs
     poisoned with NaN first if asked; RuntimeError where the plan is not the kernel."""
     with _device_ctx(c.q):
-        ok, reason, call, c = _decide(rule, c)
+        ok, reason, call, c = _decide(rule, c, None)
         if not ok:
             raise RuntimeError(f"the kernel cannot run this call: {reason}")
         return _launch(c, call, poison)

@@ -3,12 +3,19 @@ chunk count of a packed batch.
 
 Imports nothing else of kda-dhu's, so that the dispatcher, the patch and the backend can
 all ask it (the patch hands it fla's original function before rebinding the name).
+
+No lock: importing fla's stage-4 module runs kda-dhu's registration hook
+(``_autoregister``), which asks :func:`fla_function` again on the same thread, so a lock
+held across that import would wait on itself (it did: the first fallback of a process
+that had not imported fla yet never returned). The import system serializes the import
+itself; two threads that both find ``_fla_fn`` unset compute the same function, and
+either may store it.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-import threading
 
 from . import _fla_compat
 
@@ -16,7 +23,6 @@ SOURCE = "fla.ops.common.chunk_delta_h"
 NAME = "chunk_gated_delta_rule_bwd_dhu"
 BT = 64
 
-_lock = threading.Lock()
 _fla_fn = None
 _original = None  # fla's function as kda_dhu.patch found it, before rebinding the name
 
@@ -40,27 +46,25 @@ def fla_function():
     it there.
     """
     global _fla_fn
+    fn = _fla_fn
+    if fn is not None:
+        return fn
+    try:
+        mod = importlib.import_module(SOURCE)  # may re-enter this function (see the module's docstring)
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "kda_dhu falls back to flash-linear-attention for calls its kernel does "
+            "not cover, and fla is not importable: pip install fla-core"
+        ) from err
+    found = mod.__dict__.get(NAME)
+    if getattr(found, "_kda_dhu_entry", False):
+        if _original is None:
+            raise RuntimeError(f"{SOURCE}.{NAME} holds kda_dhu's dispatcher, not put there by kda_dhu.patch")
+        found = _original
+    # an fla too old for the fallback's call raises here (FlaVersionError)
+    fn = _fla_compat.adapt(inspect.unwrap(found))
     if _fla_fn is None:
-        with _lock:
-            if _fla_fn is None:
-                try:
-                    import importlib
-
-                    mod = importlib.import_module(SOURCE)
-                except ImportError as err:  # pragma: no cover - depends on the environment
-                    raise ImportError(
-                        "kda_dhu falls back to flash-linear-attention for calls its kernel does "
-                        "not cover, and fla is not importable: pip install fla-core"
-                    ) from err
-                fn = mod.__dict__.get(NAME)
-                if getattr(fn, "_kda_dhu_entry", False):
-                    if _original is None:
-                        raise RuntimeError(
-                            f"{SOURCE}.{NAME} holds kda_dhu's dispatcher, not put there by kda_dhu.patch"
-                        )
-                    fn = _original
-                # an fla too old for the fallback's call raises here (FlaVersionError)
-                _fla_fn = _fla_compat.adapt(inspect.unwrap(fn))
+        _fla_fn = fn
     return _fla_fn
 
 

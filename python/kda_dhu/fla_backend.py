@@ -14,10 +14,10 @@ only stage 4's pair.
 
 The verifier binds the caller's arguments (Python's own binding where fla's parameters
 are 0.6's, checked once at registration; fla's signature through ``inspect`` otherwise)
-and asks ``kda_dhu._dispatch.verify``: Rust reads, validates and plans the call once.
-An accepted call's prepared plan is kept (per thread) for the implementation, which fla
-calls next with the same arguments: it allocates and launches in one crossing, nothing
-decided twice. A call whose inputs must be copied is accepted too (fla's function would
+and asks ``kda_dhu._dispatch.verify``: KDA_DHU_FORCE read once, then Rust reads,
+validates and plans the call once. An accepted call's handoff (the prepared plan, or the
+switch's reading) is kept (per thread) for the implementation, which fla calls next with
+the same arguments: it allocates and launches in one crossing, nothing decided twice. A call whose inputs must be copied is accepted too (fla's function would
 read them as if contiguous); the implementation copies and runs the kernel or fla's
 *undecorated* function, so nothing re-enters fla's dispatch wrapper.
 
@@ -45,7 +45,7 @@ PRIORITY = 1  # fla's default is 5; lower runs first
 OPERATION = "common"
 NAME = "chunk_gated_delta_rule_bwd_dhu"
 
-_lock = threading.RLock()
+_lock = threading.Lock()  # never held across an import (see register_backend)
 _backend_cls: type | None = None
 
 
@@ -144,14 +144,19 @@ def _make_backend_class(base: type) -> type:
             values, reason = _bind(args, kwargs)
             if reason is not None:  # the verifier rejected this already
                 raise TypeError(reason)
-            call, pending = _pending.call, _pending.values
+            handoff, pending = _pending.call, _pending.values
             _pending.values = _pending.call = None
-            if call is not None and pending is not None and _same(values, pending) and not values[15]:
+            dispatch = _dispatch_module()
+            if handoff is None or pending is None or not _same(values, pending):
+                return dispatch.chunk_gated_delta_rule_bwd_dhu(*values)  # no verdict of ours: decide anew
+            if isinstance(handoff, dispatch.Forced):  # the verifier read KDA_DHU_FORCE for this call
+                return dispatch.run_decided(values, handoff.force)
+            if not values[15]:
                 # The verifier's work, not redone: allocate and launch in one crossing.
-                out = call.run()
+                out = handoff.run()
                 if out is not None:
                     return out
-            return _dispatch_module().chunk_gated_delta_rule_bwd_dhu(*values)
+            return dispatch.run_decided(values, None)  # KDA_DHU_FORCE was unset when the verifier read it
 
     KdaDhuBackend.__module__ = __name__
     KdaDhuBackend.__qualname__ = "KdaDhuBackend"
@@ -186,22 +191,26 @@ def register_backend() -> bool:
     registry (fla < 0.6) or without ``fla.ops.common.chunk_delta_h``, and when fla's
     dispatch is switched off (``FLA_DISABLE_BACKEND_DISPATCH=1``: fla then calls its
     functions directly and no backend is ever consulted; use kda_dhu.patch instead).
-    Idempotent. Raises ``kda_dhu._fla_compat.FlaVersionError`` (an ImportError) if fla's
-    stage 4 lacks parameters kda-dhu's fallback passes.
+    Idempotent and thread-safe, and safe as the first thing a process does with fla (it
+    imports fla's stage-4 module, whose import hook calls this function again). Raises
+    ``kda_dhu._fla_compat.FlaVersionError`` (an ImportError) if fla's stage 4 lacks
+    parameters kda-dhu's fallback passes.
     """
-    global _backend_cls
-    with _lock:
-        backends, registry = _registry()
-        if backends is None:
-            return False
-        if getattr(backends, "_DISPATCH_DISABLED", False):
-            logger.info("kda_dhu: fla's backend dispatch is disabled; not registering")
-            return False
+    global _backend_cls, _fast_binding
+    # Every import first, holding no lock: importing fla's stage-4 module runs the
+    # registration hook (_autoregister), which calls this function again, on this thread
+    # or on another that would then wait for a lock held across the import.
+    backends, registry = _registry()
+    if backends is None:
+        return False
+    if getattr(backends, "_DISPATCH_DISABLED", False):
+        logger.info("kda_dhu: fla's backend dispatch is disabled; not registering")
+        return False
+    # FlaVersionError here for an fla whose stage 4 is too old for the fallback
+    params = tuple(_signature(_dispatch_module().fla_function()).parameters)
+    with _lock:  # nothing imported below: the class and one registry entry
         if _backend_cls is None or not issubclass(_backend_cls, backends.BaseBackend):
             _backend_cls = _make_backend_class(backends.BaseBackend)
-        global _fast_binding
-        # FlaVersionError here for an fla whose stage 4 is too old for the fallback
-        params = tuple(_signature(_dispatch_module().fla_function()).parameters)
         _fast_binding = params == _FLA_PARAMS
         if registry is not None and isinstance(
             getattr(registry, "_backends", {}).get(BACKEND_TYPE), _backend_cls
@@ -212,18 +221,19 @@ def register_backend() -> bool:
         return True
 
 
-def _registered_instance():
-    backends, registry = _registry()
+def _registered_instance(registry):
+    """The registry's kda_dhu backend object, or None (reads; imports nothing)."""
     if registry is None or _backend_cls is None:
-        return None, None
+        return None
     instance = getattr(registry, "_backends", {}).get(BACKEND_TYPE)
-    return registry, (instance if isinstance(instance, _backend_cls) else None)
+    return instance if isinstance(instance, _backend_cls) else None
 
 
 def is_registered() -> bool:
     """True if fla's 'common' registry holds this module's backend."""
+    registry = _registry()[1]  # imports fla: before the lock
     with _lock:
-        return _registered_instance()[1] is not None
+        return _registered_instance(registry) is not None
 
 
 def unregister_backend() -> bool:
@@ -232,9 +242,9 @@ def unregister_backend() -> bool:
     Returns True if something was removed.  Reaches into fla's private
     ``BackendRegistry._backends``; meant for tests.
     """
+    registry = _registry()[1]  # imports fla: before the lock
     with _lock:
-        registry, instance = _registered_instance()
-        if instance is None:
+        if _registered_instance(registry) is None:
             return False
         registry._backends.pop(BACKEND_TYPE, None)
         logged = getattr(registry, "_logged", None)
@@ -247,5 +257,6 @@ def unregister_backend() -> bool:
 
 def backend_instance():
     """The registered backend object, or None (for tests and diagnostics)."""
+    registry = _registry()[1]  # imports fla: before the lock
     with _lock:
-        return _registered_instance()[1]
+        return _registered_instance(registry)

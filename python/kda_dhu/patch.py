@@ -69,7 +69,7 @@ _KNOWN_USERS = (
     "fla.ops.generalized_delta_rule",
 )
 
-_lock = threading.RLock()
+_lock = threading.Lock()  # guards _records; never held across an import
 # (module, previous object, replacement), in the order they were made
 _records: list[tuple[ModuleType, Any, Any]] = []
 
@@ -108,39 +108,53 @@ def _fla_modules() -> list[ModuleType]:
     ]
 
 
+def _prepare():
+    """(fla's original function, kda-dhu's dispatcher), with every fla module that uses the
+    function imported. Imports only, so called holding no lock: fla's stage-4 import runs
+    kda-dhu's registration hook, and a lock held across it could wait on itself."""
+    dispatch = _dispatch_module()
+    # Raises ImportError without fla, FlaVersionError (an ImportError) for an fla too
+    # old for kda-dhu's fallback: before anything is rebound.
+    original = inspect.unwrap(dispatch.fla_function())
+    ours = dispatch.chunk_gated_delta_rule_bwd_dhu
+    _import_known_users()
+    return original, ours
+
+
+def _rebind(original, ours) -> int:
+    """Rebinds the name in every imported fla module holding fla's function; under _lock."""
+    count = 0
+    for module in _fla_modules():
+        current = module.__dict__.get(NAME)
+        if current is None or current is ours or not _wraps_target(current, original):
+            continue
+        if module.__name__ == SOURCE:
+            _fla.remember_original(current)
+        setattr(module, NAME, ours)
+        _records.append((module, current, ours))
+        count += 1
+        logger.debug("kda_dhu.patch: %s.%s -> kda_dhu", module.__name__, NAME)
+    if not _records:
+        logger.warning("kda_dhu.patch: no fla module holds %s; nothing patched", NAME)
+    return count
+
+
 def patch() -> int:
     """Route fla's stage 4 to ``kda_dhu._dispatch.chunk_gated_delta_rule_bwd_dhu``.
 
     Imports fla's modules that use the function, then rebinds the name in every
     imported ``fla.*`` module that holds fla's function.  Idempotent: a second call
-    only picks up fla modules imported (with fla's function) since the first.
+    only picks up fla modules imported (with fla's function) since the first. Safe as
+    the first thing a process does (fla imported or not) and from several threads.
 
     Returns the number of module globals rebound by this call.
     Raises ImportError (from ``kda_dhu._dispatch.fla_function``) if fla is missing, and
     its subclass ``kda_dhu._fla_compat.FlaVersionError`` if fla's stage 4 lacks
     parameters the fallback passes (an fla older than 0.5.2), naming them.
     """
+    original, ours = _prepare()
     with _lock:
-        dispatch = _dispatch_module()
-        # Raises ImportError without fla, FlaVersionError (an ImportError) for an fla too
-        # old for kda-dhu's fallback: before anything is rebound.
-        original = inspect.unwrap(dispatch.fla_function())
-        ours = dispatch.chunk_gated_delta_rule_bwd_dhu
-        _import_known_users()
-        count = 0
-        for module in _fla_modules():
-            current = module.__dict__.get(NAME)
-            if current is None or current is ours or not _wraps_target(current, original):
-                continue
-            if module.__name__ == SOURCE:
-                _fla.remember_original(current)
-            setattr(module, NAME, ours)
-            _records.append((module, current, ours))
-            count += 1
-            logger.debug("kda_dhu.patch: %s.%s -> kda_dhu", module.__name__, NAME)
-        if not _records:
-            logger.warning("kda_dhu.patch: no fla module holds %s; nothing patched", NAME)
-        return count
+        return _rebind(original, ours)
 
 
 def unpatch() -> int:
@@ -174,9 +188,10 @@ def is_patched() -> bool:
 def patched() -> Iterator[None]:
     """Context manager: :func:`patch` on entry; on exit (exceptions included) undo it,
     unless fla was already patched on entry (then the outer patch stays)."""
+    original, ours = _prepare()
     with _lock:
-        was_patched = is_patched()
-        patch()
+        was_patched = bool(_records)
+        _rebind(original, ours)
     try:
         yield
     finally:
@@ -193,8 +208,8 @@ def patched_modules() -> list[str]:
 def original_function() -> Any:
     """The object ``fla.ops.common.chunk_delta_h.chunk_gated_delta_rule_bwd_dhu`` held
     before :func:`patch` (fla's decorated function on fla >= 0.6), or what it holds now
-    when not patched.  Takes no lock (``kda_dhu._dispatch.fla_function`` calls it while
-    holding its own), reading a snapshot of the records.
+    when not patched.  Takes no lock (it may import fla), reading a snapshot of the
+    records.
 
     Raises ImportError without fla, RuntimeError if the module holds kda_dhu's
     dispatcher but this module did not put it there.
