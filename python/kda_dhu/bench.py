@@ -337,9 +337,10 @@ def sample_outputs(outs, pairs: list) -> tuple:
     import torch
 
     dh, dh0, dv2 = outs
-    pick = lambda x, d: (
-        None if x is None else torch.stack([x[b].select(d - 1, hv) for b, hv in pairs]).unsqueeze(d)
-    )  # noqa: E731
+
+    def pick(x, d):
+        return None if x is None else torch.stack([x[b].select(d - 1, hv) for b, hv in pairs]).unsqueeze(d)
+
     return pick(dh, 2), pick(dh0, 1), pick(dv2, 2)
 
 
