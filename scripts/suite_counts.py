@@ -31,7 +31,9 @@ def shard_counts(log_text: str) -> dict:
     """The counts of a shard's last non-empty line; zeros for a shard cut short."""
     counts = dict.fromkeys(KINDS, 0)
     lines = [ln for ln in log_text.strip().splitlines() if ln.strip()]
-    for num, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", lines[-1] if lines else ""):
+    for num, kind in re.findall(
+        r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", lines[-1] if lines else ""
+    ):
         counts["error" if kind.startswith("error") else kind] += int(num)
     return counts
 
@@ -65,7 +67,9 @@ def gather(res: str, commit: str) -> dict:
             with open(path) as f:
                 runs.append({"stage": stage, "image": image, **json.load(f)})
     smi = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
     ).stdout.splitlines()
     versions = {}
     for key, dist in (("torch", "torch"), ("fla", "fla-core")):

@@ -151,7 +151,9 @@ def test_main_job_and_both_images_of_the_suite_are_recorded(session, tmp_path):
     rows = _summary(out)
     assert list(rows) == ["smoke", "main", "tests", "image12"]
     assert " ok " in rows["main"] and "fresh " in rows["main"] and "warm " in rows["main"], rows["main"]
-    jobs = [c for c in calls if c.startswith("python3 -m kda_dhu") and "--doctor" not in c and ".bench" not in c]
+    jobs = [
+        c for c in calls if c.startswith("python3 -m kda_dhu") and "--doctor" not in c and ".bench" not in c
+    ]
     assert len(jobs) == 2, calls
     assert "CUDA 12 image" in p.stdout
     record = json.loads((out / "gpu-suite-latest.json").read_text())

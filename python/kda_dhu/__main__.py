@@ -112,7 +112,9 @@ def main(argv=None) -> int:
         f"kda_dhu {kda_dhu.__version__}  copy bandwidth {bw:.0f} GB/s",
         flush=True,
     )
-    r = bench.run_shape(rows[0], bw, entry="b2a", progress=step, ref_pairs=None if args.full_reference else 16)
+    r = bench.run_shape(
+        rows[0], bw, entry="b2a", progress=step, ref_pairs=None if args.full_reference else 16
+    )
     step("done")
     print(
         f"{r['shape']}: B={r['B']} T={r['T']} H={r['H']} HV={r['HV']} K={r['K']} V={r['V']} bf16 "
