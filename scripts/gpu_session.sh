@@ -9,9 +9,6 @@
 #   smoke     always, first: install .carry/*.whl into /tmp/site, import kda_dhu and fla, print
 #             kda_dhu.cuda_status(), run two kernel calls against the float64 reference
 #             (scripts/sanitize_driver.py's first cases). If it fails, nothing else runs.
-#   main      the main job, `python -m kda_dhu`, twice: as on a fresh machine (an empty Triton
-#             cache: fla compiles and tunes its kernel) and warm (that cache kept); the seconds of
-#             each in the summary (MAIN_ARGS: extra arguments)
 #   tests     the GPU tests (pytest -m gpu over TEST_PATHS, default tests), sharded round-robin over
 #             TEST_SHARDS (8) pytest processes on the one GPU; TEST_ARGS extra pytest arguments.
 #             They share Triton's compiled kernels with the later stages but store no autotuning
@@ -22,18 +19,22 @@
 #             the image loaded is printed first)
 #             tests and image12 each write their counts (collected, passed, failed, skipped, the
 #             failed tests), gathered with the commit, GPU and date into gpu-suite-latest.json
+#   main      the main job, `python -m kda_dhu`, twice: as on a fresh machine (an empty Triton
+#             cache: fla compiles and tunes its kernel) and warm (that cache kept); the seconds of
+#             each in the summary (MAIN_ARGS: extra arguments)
 #   host      benches/host_overhead.py (HOST_ARGS)            -> host-latest.json
 #   e2e       benches/e2e.py (E2E_ARGS)                       -> e2e-latest.json
 #   bench     python -m kda_dhu.bench (BENCH_ARGS, default --all; BENCH_SHAPES=a,b for a subset)
 #                                                             -> bench-latest.json
 #   ab        benches/variants.py: AB_VARIANTS (default "default regstate"), the switch AB_SWITCH
 #             (default KDA_DHU_SM90_VARIANT), AB_SHAPES (a default subset), AB_ARGS -> variants.json
-# host, e2e, bench and ab run one after another, alone on the GPU.
+# main, host, e2e, bench and ab run one after another, alone on the GPU.
 #
 # Time: SESSION_BUDGET seconds (default 540) from this script's start, RESERVE_S (25) of it kept
 # for packing. Each stage runs under `timeout` for the smaller of its cap and what is left; a
 # stage with less left than its minimum is skipped (the summary says so). Caps / minimums in
-# seconds, override with <STAGE>_CAP: tests 330/120, sanitize 170/45, host 150/60, e2e 480/150,
+# seconds, override with <STAGE>_CAP: tests 330/120, sanitize 170/45, image12 330/120, main 240/60,
+# host 150/60, e2e 480/150,
 # bench 240/60, ab 180/45. Expected on an H200 (fresh machine, no Triton cache carried): smoke
 # 20-40, tests 190-300 (sanitize beside it, 30-60), host 60-120 (fla's stage-4 kernel compiled for
 # four keys), e2e 300-420 (fla compiles and tunes KDA's kernels: ~250 s for the dense shape,
@@ -55,7 +56,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-ALL_STAGES=(smoke main tests sanitize image12 host e2e bench ab)
+ALL_STAGES=(smoke tests sanitize image12 main host e2e bench ab)
 declare -A CAP=([smoke]=0 [main]=240 [tests]=330 [sanitize]=170 [image12]=330 [host]=150 [e2e]=480 [bench]=240 [ab]=180)
 declare -A MIN=([smoke]=0 [main]=60 [tests]=120 [sanitize]=45 [image12]=120 [host]=60 [e2e]=150 [bench]=60 [ab]=45)
 for s in "${ALL_STAGES[@]}"; do
@@ -317,9 +318,8 @@ stamp "gpu_session: stages ${STAGES[*]}; budget $BUDGET s; commit $KDA_DHU_COMMI
 rc=0
 if smoke; then
   stamp "smoke: ok"
-  [ -n "${WANT[main]:-}" ] && stage_main
   if [ -n "${WANT[tests]:-}${WANT[sanitize]:-}" ]; then tests_and_sanitize; fi
-  for s in image12 host e2e bench ab; do
+  for s in image12 main host e2e bench ab; do
     [ -n "${WANT[$s]:-}" ] && "stage_$s"
   done
 else

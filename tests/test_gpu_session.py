@@ -149,7 +149,7 @@ def test_main_job_and_both_images_of_the_suite_are_recorded(session, tmp_path):
     counts land in gpu-suite-latest.json, one run per image."""
     (p, out, calls) = session("image12", "tests", "main")
     rows = _summary(out)
-    assert list(rows) == ["smoke", "main", "tests", "image12"]
+    assert list(rows) == ["smoke", "tests", "image12", "main"]
     assert " ok " in rows["main"] and "fresh " in rows["main"] and "warm " in rows["main"], rows["main"]
     jobs = [
         c for c in calls if c.startswith("python3 -m kda_dhu") and "--doctor" not in c and ".bench" not in c
