@@ -4,7 +4,7 @@
 //!
 //! | variable | values | effect |
 //! |---|---|---|
-//! | `KDA_DHU_FORCE` | `kernel`, `fla` | force a path (debugging): `kernel` runs the kernel wherever it can compute the call (the planner's "capable" rule) and raises where it cannot; `fla` always runs fla's function |
+//! | `KDA_DHU_FORCE` | `kernel`, `fla` | force a path (debugging), the same on every route (direct entry points, `kda_dhu_b2a`, the custom op, fla's registry: its verifier reads it once per call and hands the reading to the implementation): `kernel` runs the kernel wherever it can compute the call (the planner's "capable" rule) and raises where it cannot; `fla` always runs fla's function; another value raises, naming the switch; inputs in host memory run the CPU implementation either way |
 //! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
 //! | `KDA_DHU_SM90_VARIANT` | `regstate`, `smem` | Hopper kernel: `regstate` runs the register-state variant (cuda/dhu_sm90_regstate.cuh) on every sm_90a call; `smem` or unset, the default kernel (measurements) |

@@ -150,7 +150,7 @@ _CHILD = """
     # the verdict is a stand-in: the real one needs CUDA tensors)
     import types
     stand_in_call = types.SimpleNamespace(nt=2, copies=[])
-    _dispatch._decide = lambda rule, c: (False, "stand-in verdict", stand_in_call, c)
+    _dispatch._decide = lambda rule, c, force: (False, "stand-in verdict", stand_in_call, c)
     _dispatch._on_cpu = lambda q: False  # CPU tensors stand in for CUDA ones
     a = make_inputs(1, 100, 2, 2, 64, 64, torch.bfloat16, "gk")
     results = [sys.modules[n].chunk_gated_delta_rule_bwd_dhu(**a) for n in out["patched_modules"]]

@@ -99,8 +99,8 @@ def test_dispatcher_uses_fla_until_the_check_passed(tmp_path, monkeypatch, rng):
 
     real_decide, real_core = _dispatch._decide, _dispatch._core
 
-    def relabelled(rule, c):
-        ok, reason, call, c = real_decide(rule, c)
+    def relabelled(rule, c, force):
+        ok, reason, call, c = real_decide(rule, c, force)
         return ok, ("kernel-sm100a" if reason == "kernel-sm90a" else reason), call, c
 
     class GeneralPathCore:

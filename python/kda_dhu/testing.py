@@ -358,7 +358,7 @@ def plan(args: dict, rule: str = "capable") -> tuple[bool, str]:
 
     c = _call(args)
     with _dispatch._device_ctx(c.q):
-        ok, reason, _, _ = _dispatch._decide(rule, c)
+        ok, reason, _, _ = _dispatch._decide(rule, c, None)
     return ok, reason
 
 
