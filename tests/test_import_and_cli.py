@@ -14,18 +14,18 @@ import textwrap
 
 import kda_dhu
 import pytest
+from helpers import ROUTE_SWITCHES
 from kda_dhu import bench
 
 # The folder kda_dhu is imported from, for the fresh interpreters.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kda_dhu.__file__)))
-_SWITCHES = ("KDA_DHU_NO_AUTOREGISTER", "FLA_KDA_DHU", "KDA_DHU_FORCE", "FLA_DISABLE_BACKEND_DISPATCH")
 HAS_FLA = importlib.util.find_spec("fla") is not None
 
 
 def _run(args: list, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """``python <args>`` in a fresh interpreter that imports this kda_dhu, with none of
-    kda_dhu's switches set unless ``env`` sets them."""
-    full = {k: v for k, v in os.environ.items() if k not in _SWITCHES}
+    the switches that change a call's route (helpers.ROUTE_SWITCHES) set unless ``env`` sets them."""
+    full = {k: v for k, v in os.environ.items() if k not in ROUTE_SWITCHES}
     full["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
     full.update(env or {})
     return subprocess.run(

@@ -325,7 +325,8 @@ def _host_verdict(c: _Call) -> tuple[bool, str]:
         "fla", c.q, c.k, c.w, c.do, c.dv, c.g, c.gk, c.h0, c.dht, c.scale, c.state_v_first, c.cu_seqlens,
         c.chunk_size, c.chunk_indices, c.chunk_offsets, check_only=True,
     )  # fmt: skip
-    return False, "cpu: inputs in host memory run on kda-dhu's CPU implementation (fla's precision)"
+    # True of the direct entry points; fla's registry, which rejects such calls, runs fla's own function
+    return False, "cpu: inputs in host memory (kda-dhu's entry points run them on its CPU implementation)"
 
 
 def _verify(c: _Call, force):

@@ -17,9 +17,10 @@ are 0.6's, checked once at registration; fla's signature through ``inspect`` oth
 and asks ``kda_dhu._dispatch.verify``: KDA_DHU_FORCE read once, then Rust reads,
 validates and plans the call once. An accepted call's handoff (the prepared plan, or the
 switch's reading) is kept (per thread) for the implementation, which fla calls next with
-the same arguments: it allocates and launches in one crossing, nothing decided twice. A call whose inputs must be copied is accepted too (fla's function would
-read them as if contiguous); the implementation copies and runs the kernel or fla's
-*undecorated* function, so nothing re-enters fla's dispatch wrapper.
+the same arguments: it allocates and launches in one crossing, nothing decided twice. A
+call whose inputs must be copied is accepted too (fla's function would read them as if
+contiguous); the implementation copies and runs the kernel or fla's *undecorated*
+function, so nothing re-enters fla's dispatch wrapper.
 
 Switch: ``FLA_KDA_DHU=0`` disables the backend (default enabled), as fla's backends do.
 """
@@ -31,6 +32,7 @@ import importlib
 import inspect
 import logging
 import operator
+import sys
 import threading
 
 from . import _fla_compat
@@ -50,7 +52,9 @@ _backend_cls: type | None = None
 
 
 def _dispatch_module():
-    return importlib.import_module("kda_dhu._dispatch")
+    """kda_dhu._dispatch (it imports torch: loaded on first use). The verifier and the
+    implementation ask on every call: a dict lookup once it is loaded."""
+    return sys.modules.get("kda_dhu._dispatch") or importlib.import_module("kda_dhu._dispatch")
 
 
 # fla 0.6's parameters of chunk_gated_delta_rule_bwd_dhu, in order. When fla's own are
