@@ -11,6 +11,11 @@
 //!   ptxas_<stem>_<arch>_cuda<M>.txt  the compiler's full diagnostics (the ptxas -v report)
 //!   kernels.rs                       `EMBEDDED` (stem, arch, cuda, image) table +
 //!                                    `BUILD_INFO`, pulled in by src/kernels.rs
+//!   kernel_facts.rs                  BT, the V tile, threads and dynamic shared memory
+//!                                    of every entry point, as cuda/dhu_layout.h (their
+//!                                    one owner) defines them: build/kernel_facts.cpp,
+//!                                    compiled by nvcc's host compiler and run here;
+//!                                    pulled in by src/facts.rs
 //!
 //! nvcc is found through NVCC, CUDA_HOME / CUDA_PATH, PATH, then the PyPI wheel
 //! `nvidia-cuda-nvcc` (13.0) in the site-packages of the Python maturin builds for
@@ -123,6 +128,8 @@ fn main() {
     let sources = collect_sources(&cuda_dir);
     let cutlass_include = find_cutlass_include();
     let toolchains = find_toolchains();
+    let Compiler::Nvcc(nvcc) = &toolchains[0].compiler else { unreachable!("the first toolchain is nvcc") };
+    write_kernel_facts(nvcc, &manifest, &cuda_dir, &out_dir);
     // The larger sm_90a file first, so that the longest jobs start together.
     let mut jobs = Vec::new();
     for source in (0..sources.len()).rev() {
@@ -183,6 +190,31 @@ fn main() {
     }
 
     write_embed_file(&jobs, &sources, &toolchains, &compiled, &info, &out_dir);
+}
+
+/// Compiles build/kernel_facts.cpp against cuda/dhu_layout.h with nvcc's host compiler
+/// (no CUDA runtime), runs it on the build host, and writes its output, the Rust table of
+/// the kernels' numbers, to OUT_DIR/kernel_facts.rs.
+fn write_kernel_facts(nvcc: &Path, manifest: &Path, cuda_dir: &Path, out_dir: &Path) {
+    let src = manifest.join("build").join("kernel_facts.cpp");
+    let exe = out_dir.join("kernel_facts");
+    let mut cmd = Command::new(nvcc);
+    cmd.args(["-x", "c++", "-std=c++17", "--cudart", "none", "-I"]).arg(cuda_dir).arg("-o").arg(&exe).arg(&src);
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()));
+    if !out.status.success() {
+        panic!(
+            "compiling {} failed ({}):\n{cmd:?}\n{}{}",
+            src.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let run = Command::new(&exe).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+    if !run.status.success() {
+        panic!("{} failed ({})", exe.display(), run.status);
+    }
+    fs::write(out_dir.join("kernel_facts.rs"), &run.stdout).expect("write kernel_facts.rs");
 }
 
 fn opt(v: Option<u64>) -> String {

@@ -12,6 +12,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
+#include "dhu_layout.h"
 #include "dhu_params.h"
 
 namespace kda_dhu {
@@ -152,7 +153,7 @@ struct SeqExtent {
   // Through shared memory (8-byte aligned, SMEM_BYTES): a kernel whose roles split with
   // few registers on one side stores it once (one thread, before a CTA barrier) and each
   // role loads it after the split.
-  static constexpr int SMEM_BYTES = 32;
+  static constexpr int SMEM_BYTES = SEQ_EXTENT_BYTES;  // dhu_layout.h: the host sizes shared memory with it
   __device__ __forceinline__ void store(uint8_t* at) const {
     int64_t* w = reinterpret_cast<int64_t*>(at);
     w[0] = bos;
@@ -186,8 +187,8 @@ __device__ __forceinline__ int64_t ld_index(const void* table, int64_t i, bool i
   return is32 ? int64_t(static_cast<const int32_t*>(table)[i]) : static_cast<const int64_t*>(table)[i];
 }
 
-// ceil(len / 64) for len >= 0 (and some value for garbage: callers check bounds).
-__device__ __forceinline__ int64_t chunks_of(int64_t len) { return (len + 63) >> 6; }
+// ceil(len / BT) for len >= 0 (and some value for garbage: callers check bounds).
+__device__ __forceinline__ int64_t chunks_of(int64_t len) { return (len + BT - 1) >> LOG2_BT; }
 
 // First error wins; the details are written before the code (see DhuError).
 __device__ __forceinline__ void report_input_error(const DhuParams& p, uint32_t code, int64_t seq, int64_t a,

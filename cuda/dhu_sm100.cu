@@ -97,6 +97,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "dhu_common.cuh"
+#include "dhu_layout.h"
 #include "dhu_params.h"
 
 #if defined(__CUDA_ARCH__) && !(defined(CUTE_ARCH_TCGEN05_TMEM_ENABLED) && defined(CUTE_ARCH_TCGEN05_F16F32_MMA_ENABLED))
@@ -108,50 +109,18 @@ namespace sm100 {
 
 using namespace cute;
 
-constexpr int BT = 64;
-constexpr int BV = 64;
-constexpr int NUM_THREADS = 256;
+// BT, BV, NUM_THREADS, STAGES, BH_BUFS, DV2_BUFS and SmemMap (the shared memory map, in
+// bytes from a 1024-aligned base; the host asks for SmemMap::DYNAMIC_BYTES): dhu_layout.h,
+// their one owner.
 constexpr int PRODUCER_WARP = 0;
 constexpr int MMA_WARP = 1;
 constexpr int SIMT_WARP0 = 4;                      // warps 4-7: one whole warpgroup
 constexpr int NUM_SIMT_THREADS = 128;
-constexpr int STAGES = 2;
-constexpr int BH_BUFS = 3;
-constexpr int DV2_BUFS = 2;
 constexpr int SIMT_BARRIER = 1;                    // named barrier id (0 is __syncthreads)
 constexpr uint32_t TMEM_COLS = 256;                // power of two >= 32; DV + QD + WD = 192 used
 constexpr uint32_t DV_COL = 0;
 constexpr uint32_t QD_COL = 64;
 constexpr uint32_t WD_COL = 128;
-
-// Shared memory map, in bytes from a 1024-aligned base. Mirrored by smem_bytes_sm100 in
-// src/launch.rs (the host asks for SMEM_BYTES + 1024 of dynamic shared memory).
-template <int K>
-struct SmemMap {
-  static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
-  static constexpr int VTILE = BT * BV * 2;        // one of do, dv, dv2
-  static constexpr int K_OFF = 0;
-  static constexpr int Q_OFF = K_OFF + KTILE;
-  static constexpr int W_OFF = Q_OFF + KTILE;
-  static constexpr int DO_OFF = W_OFF + KTILE;
-  static constexpr int DV_OFF = DO_OFF + VTILE;
-  static constexpr int STAGE = DV_OFF + VTILE;
-  static constexpr int BH_OFF = STAGES * STAGE;
-  static constexpr int BH = K * BV * 2;
-  static constexpr int DV2_OFF = BH_OFF + BH_BUFS * BH;
-  static constexpr int GK_OFF = DV2_OFF + DV2_BUFS * VTILE;
-  static constexpr int BAR_OFF = GK_OFF + STAGES * K * 4;
-  // full[2], empty[2], bh_full, dv_full, qd_full, dv2_full, wd_full
-  static constexpr int NUM_BARS = 2 * STAGES + 5;
-  static constexpr int TMEM_PTR_OFF = BAR_OFF + NUM_BARS * 8;
-  static constexpr int BYTES = TMEM_PTR_OFF + 8;
-  static_assert(STAGE % 1024 == 0 && BH % 1024 == 0 && VTILE % 1024 == 0, "sw128 tiles need 1024-byte bases");
-  static_assert(BYTES + 1024 <= 227 * 1024, "over the 227 KB a block may have");
-};
-
-// The host's mirror (smem_bytes_sm100 in src/launch.rs) is tested against these numbers.
-static_assert(SmemMap<128>::BYTES == 197712 && SmemMap<64>::BYTES == 123472,
-              "shared memory map changed: update smem_bytes_sm100 in src/launch.rs and its test");
 
 template <class T, int K>
 struct Mma {

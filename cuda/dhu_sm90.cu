@@ -65,6 +65,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "dhu_common.cuh"
+#include "dhu_layout.h"
 #include "dhu_params.h"
 #include "dhu_sm90_regstate.cuh"
 
@@ -73,64 +74,16 @@ namespace sm90 {
 
 using namespace cute;
 
-constexpr int BT = 64;
-constexpr int BV = 64;                 // V columns per consumer warpgroup
-constexpr int WG_THREADS = 128;
-// Depth of the TMA ring: 3 stages (two chunks of loads in flight while one is consumed)
-// where shared memory allows, else 2. K = 128 with one warpgroup fits the 227 KB opt-in
-// maximum only without the alignment slack (528 bytes to spare: see SmemMap::SLACK); K = 64 with one warpgroup
-// keeps 2 stages so that two CTAs share an SM; K = 128 with two warpgroups has no room.
-template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG == 1) ? 3 : 2; }
-// The opt-in maximum of dynamic shared memory per block on sm_90.
-constexpr int SMEM_OPTIN_MAX = 227 * 1024;
-constexpr int DV2_BUFS = 2;
+// BT, BV, WG_THREADS, num_stages, num_threads, DV2_BUFS and SmemMap (the shared memory
+// map, in bytes from a 1024-aligned base; the host asks for SmemMap::DYNAMIC_BYTES):
+// dhu_layout.h, their one owner.
+
 // Named barrier ids (0 is __syncthreads): 1 + wg for warpgroup wg's 128 threads, and
 // ALL_CONSUMERS for every consumer thread (NWG = 2: the shared q/w rows of a short chunk).
 constexpr int ALL_CONSUMERS = 3;
-// NWG = 1: 4 consumer warps + 1 producer warp. NWG = 2: the producer is a whole warpgroup
-// (one warp works, three leave) so that setmaxnreg can move its registers to the
-// consumers: ptxas budgets a block in units of 4 warps, and 2 x 128 consumers need more
-// than 65536 / 384 registers each.
-template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 32 : (NWG + 1) * WG_THREADS; }
+// NWG = 2: setmaxnreg moves the producer warpgroup's registers to the consumers.
 constexpr int PRODUCER_REGS_WG2 = 24;
 constexpr int CONSUMER_REGS_WG2 = 240;  // 2 x 128 x 240 + 128 x 24 = 64512 <= 65536
-
-
-// Shared memory map, in bytes from a 1024-aligned base. Mirrored by smem_bytes_sm90 in
-// src/launch.rs (the host asks for BYTES + SLACK of dynamic shared memory).
-template <int K, int NWG>
-struct SmemMap {
-  static constexpr int STAGES = num_stages<K, NWG>();
-  static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
-  static constexpr int VTILE = BT * BV * 2;        // one warpgroup's tile of do, dv, dv2
-  static constexpr int K_OFF = 0;
-  static constexpr int Q_OFF = K_OFF + KTILE;
-  static constexpr int W_OFF = Q_OFF + KTILE;
-  static constexpr int DO_OFF = W_OFF + KTILE;     // NWG tiles
-  static constexpr int DV_OFF = DO_OFF + NWG * VTILE;
-  static constexpr int STAGE = DV_OFF + NWG * VTILE;
-  static constexpr int BH_OFF = STAGES * STAGE;    // one sBh per warpgroup
-  static constexpr int BH = K * BV * 2;
-  static constexpr int DV2_OFF = BH_OFF + NWG * BH;  // DV2_BUFS per warpgroup
-  static constexpr int GK_OFF = DV2_OFF + NWG * DV2_BUFS * VTILE;
-  static constexpr int G_OFF = GK_OFF + STAGES * K * 4;
-  static constexpr int G_LEN = 80;                 // 64 g values + g[e-1], padded
-  static constexpr int BAR_OFF = G_OFF + STAGES * G_LEN * 4;
-  static constexpr int EXT_OFF = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
-  static constexpr int BYTES = EXT_OFF + SeqExtent::SMEM_BYTES;  // the CTA's sequence extent
-  // The host asks for BYTES + SLACK: 1024 to align the base up to 1024 where that fits,
-  // else none, and then the kernel requires the base to be 1024-aligned (as CUTLASS's
-  // kernels do; with no static shared memory it is, after the 1 KB the system reserves).
-  static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
-  static_assert(BYTES + SLACK <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
-};
-
-// The host's mirror (smem_bytes_sm90 in src/launch.rs) is tested against these numbers.
-static_assert(SmemMap<128, 1>::BYTES + SmemMap<128, 1>::SLACK == 231952 &&
-                  SmemMap<64, 1>::BYTES + SmemMap<64, 1>::SLACK == 108736 &&
-                  SmemMap<128, 2>::BYTES + SmemMap<128, 2>::SLACK == 232128 &&
-                  SmemMap<64, 2>::BYTES + SmemMap<64, 2>::SLACK == 224016,
-              "shared memory map changed: update smem_bytes_sm90 in src/launch.rs and its test");
 
 // DV's B operand is sBh: (v, k) mn-major ([k][v], the [K, V] dh checkpoint's layout), or
 // k-major ([v][k]) with state_v_first (SVF), whose dh checkpoints are [V, K].
@@ -621,17 +574,6 @@ KDA_DHU_SM90_ENTRY(kda_dhu_sm90_k128_fp16_wg2_svf, 128, cutlass::half_t, 2, true
       NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                   \
     kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, NWG, SVF>(p);                           \
   }
-
-// The host's mirror (smem_bytes_sm90_regstate in src/launch.rs) is tested against these numbers.
-static_assert(kda_dhu::sm90_regstate::SmemMap<128, 1>::BYTES + kda_dhu::sm90_regstate::SmemMap<128, 1>::SLACK ==
-                      225456 &&
-                  kda_dhu::sm90_regstate::SmemMap<64, 1>::BYTES + kda_dhu::sm90_regstate::SmemMap<64, 1>::SLACK ==
-                      100992 &&
-                  kda_dhu::sm90_regstate::SmemMap<128, 2>::BYTES + kda_dhu::sm90_regstate::SmemMap<128, 2>::SLACK ==
-                      216192 &&
-                  kda_dhu::sm90_regstate::SmemMap<64, 2>::BYTES + kda_dhu::sm90_regstate::SmemMap<64, 2>::SLACK ==
-                      208304,
-              "register-state shared memory map changed: update smem_bytes_sm90_regstate in src/launch.rs");
 
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16, 64, cutlass::bfloat16_t, 1, false)
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_fp16, 64, cutlass::half_t, 1, false)

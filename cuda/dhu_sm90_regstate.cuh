@@ -79,6 +79,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "dhu_common.cuh"
+#include "dhu_layout.h"
 #include "dhu_params.h"
 
 namespace kda_dhu {
@@ -86,15 +87,10 @@ namespace sm90_regstate {
 
 using namespace cute;
 
-constexpr int BT = 64;
-constexpr int BV = 64;  // V columns per consumer warpgroup: wgmma's M
-constexpr int WG_THREADS = 128;
-// The opt-in maximum of dynamic shared memory per block on sm_90.
-constexpr int SMEM_OPTIN_MAX = 227 * 1024;
-// Depth of the TMA ring: 3 where shared memory allows, else 2 (K = 64 with one warpgroup
-// keeps 2 so that two CTAs share an SM; K = 128 with two warpgroups has no room).
-template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG == 1) ? 3 : 2; }
-template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 32 : (NWG + 1) * WG_THREADS; }
+// BT, BV, WG_THREADS, num_stages, num_threads, the gate vectors' offsets (G_GATE,
+// G_WEIGHT, G_DECAY, G_LEN) and SmemMap (the shared memory map, in bytes from a
+// 1024-aligned base; the host asks for SmemMap::DYNAMIC_BYTES): dhu_layout.h, their one owner.
+
 // NWG = 2: setmaxnreg moves the producer warpgroup's registers to the consumers:
 // 2 x 128 x 240 + 128 x 24 = 64512 <= 65536.
 constexpr int PRODUCER_REGS_WG2 = 24;
@@ -102,42 +98,6 @@ constexpr int CONSUMER_REGS_WG2 = 240;
 // Named barrier ids (0 is __syncthreads): 1 + wg for warpgroup wg's 128 threads,
 // ALL_CONSUMERS for every consumer thread (NWG = 2: the shared q / w rows of a short chunk).
 constexpr int ALL_CONSUMERS = 3;
-
-// Per stage, the gate vectors the producer writes (fp32): exp2(g[e-1] - g[t]) at
-// [G_GATE, G_GATE + 64), exp2(g[t]) at [G_WEIGHT, G_WEIGHT + 64) (both 0 past the chunk's
-// last token), exp2(g[e-1]) at G_DECAY; G_LEN floats, a multiple of 4 (16-byte rows).
-constexpr int G_GATE = 0;
-constexpr int G_WEIGHT = 64;
-constexpr int G_DECAY = 128;
-constexpr int G_LEN = 136;
-
-// Shared memory map, in bytes from a 1024-aligned base. Mirrored by
-// smem_bytes_sm90_regstate in src/launch.rs (the host asks for BYTES + SLACK).
-template <int K, int NWG>
-struct SmemMap {
-  static constexpr int STAGES = num_stages<K, NWG>();
-  static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
-  static constexpr int VTILE = BT * BV * 2;        // one warpgroup's tile of do, dv, dv2
-  static constexpr int K_OFF = 0;
-  static constexpr int Q_OFF = K_OFF + KTILE;
-  static constexpr int W_OFF = Q_OFF + KTILE;
-  static constexpr int DO_OFF = W_OFF + KTILE;     // NWG tiles
-  static constexpr int DV_OFF = DO_OFF + NWG * VTILE;
-  static constexpr int STAGE = DV_OFF + NWG * VTILE;
-  static constexpr int BH_OFF = STAGES * STAGE;    // one sBh per warpgroup (the dh store's source)
-  static constexpr int BH = K * BV * 2;
-  static constexpr int DV2_OFF = BH_OFF + NWG * BH;  // one sDv2 per warpgroup
-  static constexpr int DECAY_OFF = DV2_OFF + NWG * VTILE;  // STAGES x K fp32: exp2(gk[e-1])
-  static constexpr int GATE_OFF = DECAY_OFF + STAGES * K * 4;  // STAGES x G_LEN fp32
-  static constexpr int BAR_OFF = GATE_OFF + STAGES * G_LEN * 4;
-  static constexpr int EXT_OFF = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
-  static constexpr int BYTES = EXT_OFF + SeqExtent::SMEM_BYTES;
-  // 1024 to align the base up where that fits, else none (the kernel then requires an
-  // aligned base, as dhu_sm90.cu's K = 128 one-warpgroup map does).
-  static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
-  static_assert(STAGE % 1024 == 0 && BH % 1024 == 0 && VTILE % 1024 == 0, "sw128 tiles need 1024-byte bases");
-  static_assert(BYTES + SLACK <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
-};
 
 // ldmatrix / stmatrix x4 of one k-block (16 columns) of a 64-row fragment: warp w's four
 // 8x8 matrices m = 0..3 cover rows 16w + 8(m & 1) + [0, 8) and columns 16kb + 8(m >> 1) +

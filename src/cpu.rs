@@ -33,7 +33,7 @@
 //! GEMMs run through `matrixmultiply` (one thread each: rayon owns the parallelism).
 
 use crate::error::{Error, Result};
-use crate::plan::BT;
+use crate::facts::BT;
 use crate::tensor::{DType, HostFloat, HostOut, HostView};
 use crate::validate::{Dims, Dtypes, F64_DTYPES, FLA_DTYPES};
 use crate::varlen;

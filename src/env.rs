@@ -35,6 +35,10 @@ pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
 pub const IMAGE: &str = "KDA_DHU_IMAGE";
 pub const IMAGE_FILE: &str = "KDA_DHU_IMAGE_FILE";
 
+/// The switches read at each call: they change what a call runs. The others are read once
+/// (on import, when a device first loads its kernels) or choose how tensors are read.
+pub const PER_CALL: &[&str] = &[FORCE, CHECK_INPUTS, SM90_NWG, SM90_VARIANT, SM100];
+
 /// Every switch, with its meaning (the table above), for `_core.switches()` and --doctor.
 pub const SWITCHES: &[(&str, &str)] = &[
     (FORCE, "kernel|fla: force a path (debugging)"),

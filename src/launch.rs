@@ -21,6 +21,7 @@ use crate::driver::{
 };
 use crate::env;
 use crate::error::{Error, Result};
+use crate::facts;
 use crate::kernels;
 use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, Sm90Variant, MAX_SLOTS};
 use crate::tensor::TensorMeta;
@@ -33,107 +34,18 @@ use cudarc::driver::sys::{
 use std::ffi::{c_void, CStr, CString};
 use std::sync::OnceLock;
 
-/// Stages of the Hopper kernel's TMA ring: mirror of `num_stages<K, NWG>()` in
-/// cuda/dhu_sm90.cu (3 where shared memory allows: K = 128 with one warpgroup, K = 64
-/// with two; 2 for K = 64 with one warpgroup, so that two CTAs share an SM, and for
-/// K = 128 with two, which has no room).
-pub fn stages_sm90(k: u32, nwg: u32) -> u32 {
-    if (k == 128) == (nwg == 1) {
-        3
-    } else {
-        2
-    }
-}
-
-/// The opt-in maximum of dynamic shared memory per block on sm_90 (227 KB).
-pub const SMEM_OPTIN_MAX_SM90: u32 = 227 * 1024;
-
-/// Dynamic shared memory of the Hopper kernel for head dim `k` and `nwg` consumer
-/// warpgroups: mirror of `SmemMap<K, NWG>::BYTES + SLACK` in cuda/dhu_sm90.cu, the slack
-/// being 1024 bytes to align the base up to 1024 where that still fits in 227 KB, else
-/// none (the kernel then requires an aligned base). Change both together.
-pub fn smem_bytes_sm90(k: u32, nwg: u32) -> u32 {
-    const BT: u32 = 64;
-    const BV: u32 = 64;
-    const DV2_BUFS: u32 = 2;
-    const G_LEN: u32 = 80;
-    let stages = stages_sm90(k, nwg);
-    let ktile = BT * k * 2; // one of k, q, w for one chunk
-    let vtile = BT * BV * 2; // one warpgroup's tile of do, dv, dv2
-    let stage = 3 * ktile + 2 * nwg * vtile;
-    let bh = k * BV * 2;
-    let bytes = stages * stage // TMA ring
-        + nwg * bh // bf16 state per warpgroup: DV's B operand and the dh checkpoint
-        + nwg * DV2_BUFS * vtile // dv2 staging per warpgroup
-        + stages * k * 4 // gk rows
-        + stages * G_LEN * 4 // g values
-        + 2 * stages * 8 // mbarriers full[s], empty[s]
-        + 32; // the CTA's sequence extent (SeqExtent::SMEM_BYTES)
-    if bytes + 1024 <= SMEM_OPTIN_MAX_SM90 {
-        bytes + 1024
-    } else {
-        bytes
-    }
-}
-
-/// Dynamic shared memory of the register-state Hopper kernel for head dim `k` and `nwg`
-/// consumer warpgroups: mirror of `SmemMap<K, NWG>::BYTES + SLACK` in
-/// cuda/dhu_sm90_regstate.cuh (its ring has the default kernel's stages; per warpgroup one
-/// dh and one dv2 staging tile; per stage the exp2(gk) row and the g gate vectors).
-/// Change both together (dhu_sm90.cu static_asserts the numbers of the test below).
-pub fn smem_bytes_sm90_regstate(k: u32, nwg: u32) -> u32 {
-    const BT: u32 = 64;
-    const BV: u32 = 64;
-    const G_LEN: u32 = 136;
-    let stages = stages_sm90(k, nwg);
-    let ktile = BT * k * 2; // one of k, q, w for one chunk
-    let vtile = BT * BV * 2; // one warpgroup's tile of do, dv, dv2
-    let stage = 3 * ktile + 2 * nwg * vtile;
-    let bh = k * BV * 2;
-    let bytes = stages * stage // TMA ring
-        + nwg * bh // bf16 state per warpgroup: the dh checkpoint's TMA source
-        + nwg * vtile // dv2 per warpgroup: its TMA source
-        + stages * k * 4 // exp2(gk) rows
-        + stages * G_LEN * 4 // g gate vectors
-        + 2 * stages * 8 // mbarriers full[s], empty[s]
-        + 32; // the CTA's sequence extent (SeqExtent::SMEM_BYTES)
-    if bytes + 1024 <= SMEM_OPTIN_MAX_SM90 {
-        bytes + 1024
-    } else {
-        bytes
-    }
-}
-
-/// Dynamic shared memory of the Blackwell kernel for head dim `k`: mirror of
-/// `SmemMap<K>::BYTES` in cuda/dhu_sm100.cu plus 1024 bytes to align the base to 1024.
-/// Change both together.
-pub fn smem_bytes_sm100(k: u32) -> u32 {
-    const BT: u32 = 64;
-    const BV: u32 = 64;
-    const STAGES: u32 = 2;
-    const BH_BUFS: u32 = 3;
-    const DV2_BUFS: u32 = 2;
-    const NUM_BARS: u32 = 2 * STAGES + 5; // full[2], empty[2], bh, dv, qd, dv2, wd
-    let ktile = BT * k * 2; // one of k, q, w for one chunk
-    let vtile = BT * BV * 2; // one of do, dv, dv2
-    let stage = 3 * ktile + 2 * vtile;
-    let bh = k * BV * 2;
-    let bytes = STAGES * stage // TMA ring
-        + BH_BUFS * bh // bf16 state: DV's B operand and the dh checkpoint
-        + DV2_BUFS * vtile // dv2: WD's B operand and its TMA store source
-        + STAGES * k * 4 // gk rows
-        + NUM_BARS * 8 // mbarriers
-        + 8; // the tensor-memory address tcgen05.alloc writes
-    bytes + 1024
-}
-
-/// Dynamic shared memory of the kernel `config` names on `arch`.
+/// Dynamic shared memory of the kernel `config` names on `arch`: its shared-memory map's
+/// bytes plus the alignment slack, as cuda/dhu_layout.h (their one owner) defines them,
+/// through `crate::facts`.
 pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
-    match (arch, config.variant) {
-        (Arch::Sm90, Sm90Variant::Smem) => smem_bytes_sm90(config.k, config.nwg),
-        (Arch::Sm90, Sm90Variant::RegState) => smem_bytes_sm90_regstate(config.k, config.nwg),
-        (Arch::Sm100, _) => smem_bytes_sm100(config.k),
-    }
+    let table: &[facts::Layout] = match (arch, config.variant) {
+        (Arch::Sm90, Sm90Variant::Smem) => &facts::SM90,
+        (Arch::Sm90, Sm90Variant::RegState) => &facts::SM90_REGSTATE,
+        (Arch::Sm100, _) => &facts::SM100,
+    };
+    facts::layout(table, config.k, config.nwg)
+        .unwrap_or_else(|| panic!("no entry point of {arch:?} has K = {} with {} warpgroups", config.k, config.nwg))
+        .smem_bytes
 }
 
 /// Raw driver handles are plain pointers; the driver allows using them from any thread.
@@ -1129,74 +1041,23 @@ mod tests {
     }
 
     #[test]
-    fn smem_mirrors_the_sm90_smem_map() {
-        // SmemMap<K, NWG>::BYTES by hand from cuda/dhu_sm90.cu (ring 2 x (3 k/q/w tiles +
-        // 2 NWG v tiles), NWG sBh, 2 NWG sDv2, 2 gk rows, 2 x 80 g, 4 mbarriers, the
-        // 32-byte sequence extent), + 1024 for the base alignment.
-        // 3 stages: 3 x 65536 + 16384 + 2 x 8192 + 3 x 512 + 3 x 320 + 6 x 8, no slack.
-        assert_eq!(smem_bytes_sm90(128, 1), 231920 + 32);
-        assert_eq!(smem_bytes_sm90(64, 1), 107680 + 32 + 1024);
-        assert_eq!(smem_bytes_sm90(128, 2), 231072 + 32 + 1024);
-        // 3 stages: 3 x 57344 + 2 x 8192 + 4 x 8192 + 3 x 256 + 3 x 320 + 6 x 8, + 1024.
-        assert_eq!(smem_bytes_sm90(64, 2), 222960 + 32 + 1024);
-        assert_eq!([stages_sm90(128, 1), stages_sm90(64, 1), stages_sm90(128, 2), stages_sm90(64, 2)], [3, 2, 2, 3]);
-        // 227 KB is the opt-in maximum per block on sm_90.
-        for k in [64, 128] {
-            for nwg in [1, 2] {
-                assert!(smem_bytes_sm90(k, nwg) <= 227 * 1024);
+    fn every_entry_point_asks_for_its_shared_memory_map() {
+        for arch in [Arch::Sm90, Arch::Sm100] {
+            for cfg in KernelConfig::all(arch) {
+                let smem = smem_bytes(arch, &cfg);
+                // 227 KB is the opt-in maximum per block on sm_90 and sm_100.
+                assert!(smem <= facts::SMEM_OPTIN_MAX_SM90, "{}: {smem}", cfg.entry_point(arch));
+                // K = 64 with one warpgroup: two CTAs fit an SM (228 KB, 1 KB reserved per CTA).
+                if arch == Arch::Sm90 && cfg.k == 64 && cfg.nwg == 1 {
+                    assert!(2 * (smem + 1024) <= 228 * 1024, "{}: {smem}", cfg.entry_point(arch));
+                }
             }
         }
-        // K = 64 with one warpgroup: two CTAs fit an SM (228 KB, 1 KB reserved per CTA).
-        assert!(2 * (smem_bytes_sm90(64, 1) + 1024) <= 228 * 1024);
-    }
-
-    #[test]
-    fn smem_mirrors_the_sm100_smem_map() {
-        // SmemMap<128>::BYTES = 197712, SmemMap<64>::BYTES = 123472 (by hand from
-        // cuda/dhu_sm100.cu: ring 2 x 65536 / 2 x 40960, sBh 3 x 16384 / 3 x 8192,
-        // sDv2 2 x 8192, gk 2 x 512 / 2 x 256, 9 mbarriers, the tmem slot), + 1024.
-        assert_eq!(smem_bytes_sm100(128), 197712 + 1024);
-        assert_eq!(smem_bytes_sm100(64), 123472 + 1024);
-        for k in [64, 128] {
-            // 227 KB is the opt-in maximum per block on sm_100 too.
-            assert!(smem_bytes_sm100(k) <= 227 * 1024);
-        }
-    }
-
-    #[test]
-    fn smem_mirrors_the_sm90_regstate_smem_map() {
-        // SmemMap<K, NWG>::BYTES + SLACK by hand from cuda/dhu_sm90_regstate.cuh (the
-        // numbers dhu_sm90.cu static_asserts): ring STAGES x (3 k/q/w tiles + 2 NWG v
-        // tiles), NWG sBh (K x 64 x 2), NWG sDv2 (8192), STAGES exp2(gk) rows (4K),
-        // STAGES x 136 x 4 gate vectors, 2 STAGES mbarriers, 32-byte extent, + 1024.
-        // K = 128, 1 wg, 3 stages: 196608 + 16384 + 8192 + 1536 + 1632 + 48 + 32 + 1024.
-        assert_eq!(smem_bytes_sm90_regstate(128, 1), 225456);
-        // K = 64, 1 wg, 2 stages: 81920 + 8192 + 8192 + 512 + 1088 + 32 + 32 + 1024.
-        assert_eq!(smem_bytes_sm90_regstate(64, 1), 100992);
-        // K = 128, 2 wg, 2 stages: 163840 + 32768 + 16384 + 1024 + 1088 + 32 + 32 + 1024.
-        assert_eq!(smem_bytes_sm90_regstate(128, 2), 216192);
-        // K = 64, 2 wg, 3 stages: 172032 + 16384 + 16384 + 768 + 1632 + 48 + 32 + 1024.
-        assert_eq!(smem_bytes_sm90_regstate(64, 2), 208304);
-        for k in [64, 128] {
-            for nwg in [1, 2] {
-                assert!(smem_bytes_sm90_regstate(k, nwg) <= SMEM_OPTIN_MAX_SM90);
-            }
-        }
-        // K = 64 with one warpgroup: two CTAs fit an SM, as with the default kernel.
-        assert!(2 * (smem_bytes_sm90_regstate(64, 1) + 1024) <= 228 * 1024);
-    }
-
-    #[test]
-    fn smem_bytes_follows_the_config() {
-        for cfg in KernelConfig::all(Arch::Sm90) {
-            let want = match cfg.variant {
-                Sm90Variant::Smem => smem_bytes_sm90(cfg.k, cfg.nwg),
-                Sm90Variant::RegState => smem_bytes_sm90_regstate(cfg.k, cfg.nwg),
-            };
-            assert_eq!(smem_bytes(Arch::Sm90, &cfg), want, "{}", cfg.entry_point(Arch::Sm90));
-        }
-        for cfg in KernelConfig::all(Arch::Sm100) {
-            assert_eq!(smem_bytes(Arch::Sm100, &cfg), smem_bytes_sm100(cfg.k));
+        // The ring is 3 stages deep where shared memory allows (K = 128 with one warpgroup,
+        // K = 64 with two), else 2, in both sm_90a kernels.
+        for table in [&facts::SM90, &facts::SM90_REGSTATE] {
+            let stages: Vec<_> = table.iter().map(|l| (l.k, l.nwg, l.stages)).collect();
+            assert_eq!(stages, [(64, 1, 2), (128, 1, 3), (64, 2, 3), (128, 2, 2)]);
         }
     }
 
@@ -1318,7 +1179,7 @@ mod tests {
         assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
         let want = format!(
             "kda_dhu_sm90_k64_bf16 needs {} bytes of shared memory per block, this GPU allows 101376",
-            smem_bytes_sm90(64, 1)
+            smem_bytes(Arch::Sm90, &KernelConfig::all(Arch::Sm90)[0])
         );
         assert!(msg.contains(&want), "{msg}");
     }

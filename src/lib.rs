@@ -19,6 +19,7 @@ pub mod cpu;
 pub mod driver;
 pub mod env;
 pub mod error;
+pub mod facts;
 pub mod kernels;
 pub mod launch;
 pub mod plan;
@@ -694,6 +695,41 @@ fn force() -> PyResult<Option<&'static str>> {
 }
 
 /// Kernel launches of this process so far (every route), for tests and benchmarks.
+/// The kernels' numbers (cuda/dhu_layout.h, their one owner): {"BT", "BV", "WG_THREADS",
+/// "SMEM_OPTIN_MAX_SM90": int, "sm90" / "sm90_regstate" / "sm100": [{"k", "nwg",
+/// "stages", "threads", "smem_bytes"}, ...]}.
+#[pyfunction]
+fn kernel_facts(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("BT", facts::BT)?;
+    d.set_item("BV", facts::BV)?;
+    d.set_item("WG_THREADS", facts::WG_THREADS)?;
+    d.set_item("SMEM_OPTIN_MAX_SM90", facts::SMEM_OPTIN_MAX_SM90)?;
+    for (name, table) in
+        [("sm90", &facts::SM90[..]), ("sm90_regstate", &facts::SM90_REGSTATE[..]), ("sm100", &facts::SM100[..])]
+    {
+        let rows = pyo3::types::PyList::empty(py);
+        for l in table {
+            let r = pyo3::types::PyDict::new(py);
+            r.set_item("k", l.k)?;
+            r.set_item("nwg", l.nwg)?;
+            r.set_item("stages", l.stages)?;
+            r.set_item("threads", l.threads)?;
+            r.set_item("smem_bytes", l.smem_bytes)?;
+            rows.append(r)?;
+        }
+        d.set_item(name, rows)?;
+    }
+    Ok(d)
+}
+
+/// The names of the switches read at each call (they change what a call runs), in
+/// `switches()`'s order; the others are read once per process or device.
+#[pyfunction]
+fn per_call_switches() -> Vec<&'static str> {
+    env::PER_CALL.to_vec()
+}
+
 #[pyfunction]
 fn launch_count() -> u64 {
     launch::launch_count()
@@ -814,6 +850,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(switch, m)?)?;
     m.add_function(wrap_pyfunction!(policy, m)?)?;
     m.add_function(wrap_pyfunction!(launch_count, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_facts, m)?)?;
+    m.add_function(wrap_pyfunction!(per_call_switches, m)?)?;
+    // Tokens per chunk of every kernel (fla's BT on the kernel path) and the V tile.
+    m.add("BT", facts::BT)?;
+    m.add("BV", facts::BV)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;

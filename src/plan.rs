@@ -17,9 +17,9 @@ use crate::tensor::DType;
 use crate::validate::CallDesc;
 use std::fmt;
 
-/// Chunk length of every kernel (fla's BT) and the V tile of one CTA.
-pub const BT: i64 = 64;
-pub const BV: i64 = 64;
+// BT (the chunk length of every kernel, fla's BT) and BV (the V tile of one consumer
+// warpgroup): cuda/dhu_layout.h, through crate::facts.
+use crate::facts::{self, BT, BV};
 /// The seed's floor: "serial scans need a full GPU".
 pub const MIN_CTAS_B2A: i64 = 256;
 /// The Extended rule's CTA floor: none. At 128 CTAs the kernel beats fla (b4_t8192_h16,
@@ -89,13 +89,13 @@ pub fn policy_notes(dev: &DeviceInfo) -> Vec<(PolicyClause, String)> {
 /// CUDA grid limits on gridDim.y (HV) and gridDim.z (N).
 pub const MAX_GRID_YZ: i64 = 65535;
 /// Threads per CTA of the Hopper kernel (one producer warp + one consumer warpgroup).
-pub const BLOCK_THREADS_SM90: u32 = 160;
+pub const BLOCK_THREADS_SM90: u32 = facts::threads(&facts::SM90, 1);
 /// Threads per CTA of the sm_90a kernel with two consumer warpgroups (`_wg2`: 128 V
 /// columns of one head per CTA): 2 x 128 consumers + a producer warpgroup.
-pub const BLOCK_THREADS_SM90_WG2: u32 = 384;
+pub const BLOCK_THREADS_SM90_WG2: u32 = facts::threads(&facts::SM90, 2);
 /// Threads per CTA of the Blackwell kernel (TMA warp, MMA warp, two idle warps, the
 /// recurrence warpgroup: warps 4-7).
-pub const BLOCK_THREADS_SM100: u32 = 256;
+pub const BLOCK_THREADS_SM100: u32 = facts::threads(&facts::SM100, 1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {

@@ -10,7 +10,7 @@
 
 use crate::cpu::{self, Mode, Problem, Sequences};
 use crate::error::{Error, Result};
-use crate::plan::BT;
+use crate::facts::BT;
 use crate::tensor::{DType, HostOut, HostView, TensorMeta};
 use crate::validate::{self, CallArgs, CallDesc};
 use crate::{call_args, guard, Arg, NOT_PASSED};

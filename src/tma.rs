@@ -20,8 +20,9 @@ use cudarc::driver::sys::{
 };
 use std::sync::{Mutex, OnceLock};
 
-/// Rows (tokens) and columns of one TMA box of q, k, w, do, dv, dv2.
-pub const BOX_ROWS: u32 = 64;
+/// Rows (tokens: one chunk, cuda/dhu_layout.h's BT) and columns (64 16-bit elements: one
+/// 128-byte swizzle span) of one TMA box of q, k, w, do, dv, dv2.
+pub const BOX_ROWS: u32 = crate::facts::BT as u32;
 pub const BOX_COLS: u32 = 64;
 /// With 128-byte swizzle a box row may span at most 128 bytes.
 pub const SWIZZLE_SPAN: u64 = 128;

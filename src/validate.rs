@@ -7,7 +7,7 @@
 //! tests exercise everything else without a GPU.
 
 use crate::error::{Error, Result};
-use crate::plan::BT;
+use crate::facts::BT;
 use crate::tensor::{fmt_shape, DType, TensorMeta};
 
 /// fla's head-dimension limit (`assert K <= 256`).

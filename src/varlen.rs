@@ -23,7 +23,7 @@
 //! offsets are the prefix sums of the chunk counts and every sequence lies in [0, T).
 
 use crate::error::{Error, Result};
-use crate::plan::BT;
+use crate::facts::BT;
 
 /// Chunks of a sequence of `len` tokens (fla's `ceil(len / BT)`).
 pub fn chunks(len: i64) -> i64 {

@@ -55,6 +55,16 @@ def _fla_stage4_one_config():
 
 
 @pytest.fixture
+def no_switches(monkeypatch):
+    """None of the switches that change what a call runs is set (``helpers.call_switches()``:
+    the core's list and fla's own switch of this backend); restored after the test."""
+    from helpers import call_switches
+
+    for name in call_switches():
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
 def rng(request) -> torch.Generator:
     """A CPU torch.Generator seeded from the test's node id: fresh data per test,
     reproducible across runs (and across devices: helpers draw on the CPU)."""

@@ -114,8 +114,18 @@ def pin_fla_stage4():
 
 
 # --------------------------------------------------------------- fresh interpreters
-# Switches that change a call's route, left out of a child's environment unless it sets them.
-ROUTE_SWITCHES = ("KDA_DHU_NO_AUTOREGISTER", "FLA_KDA_DHU", "KDA_DHU_FORCE", "FLA_DISABLE_BACKEND_DISPATCH")
+def call_switches() -> tuple[str, ...]:
+    """The switches that change what a call runs: the core's list of those read at each
+    call (``_core.per_call_switches()``, src/env.rs) and fla's own switch of this backend."""
+    from kda_dhu import _core
+
+    return (*_core.per_call_switches(), "FLA_KDA_DHU")
+
+
+# Switches that change a call's route, left out of a child's environment unless it sets
+# them: those read at each call, and those read on import (kda-dhu's registration in fla's
+# registry, fla's switch of its whole backend dispatch).
+ROUTE_SWITCHES = (*call_switches(), "KDA_DHU_NO_AUTOREGISTER", "FLA_DISABLE_BACKEND_DISPATCH")
 
 
 def start_child(code: str, env: dict | None = None):

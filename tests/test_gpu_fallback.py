@@ -44,11 +44,9 @@ EMPTY_BETWEEN = [0, 100, 0, 64, 0]
 
 
 @pytest.fixture(autouse=True)
-def _hopper_and_no_switches(monkeypatch):
+def _hopper_and_no_switches(no_switches):
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("needs an sm_90 device (H100 / H200): the plans below are the sm_90a kernel's")
-    for name in ("KDA_DHU_FORCE", "KDA_DHU_CHECK_INPUTS", "KDA_DHU_SM90_NWG"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def _mk(rng, B=2, T=130, H=2, HV=2, K=128, V=128, dtype=BF16, gate="gk", **kw):

@@ -47,12 +47,10 @@ _slow = pytest.mark.timeout(600) if importlib.util.find_spec("pytest_timeout") e
 
 
 @pytest.fixture(autouse=True)
-def _hopper_and_no_switches(monkeypatch):
+def _hopper_and_no_switches(no_switches):
     """kda-dhu's sm_90a kernel behind fla's registry; no environment switch set."""
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("needs an sm_90 device (H100 / H200)")
-    for name in ("KDA_DHU_FORCE", "KDA_DHU_CHECK_INPUTS", "KDA_DHU_SM90_NWG"):
-        monkeypatch.delenv(name, raising=False)
     yield
     kda_dhu.check_errors()
 

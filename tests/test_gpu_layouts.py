@@ -82,11 +82,9 @@ CASES = [(n, r) for n in NAMES for r in ROUTES if not (n == "g" and r == "b2a")]
 
 
 @pytest.fixture(autouse=True)
-def _hopper_and_no_switches(monkeypatch):
+def _hopper_and_no_switches(no_switches):
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("needs an sm_90 device (H100 / H200): the routes below are the sm_90a kernel's")
-    for name in ("KDA_DHU_FORCE", "KDA_DHU_CHECK_INPUTS", "KDA_DHU_SM90_NWG"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def _inputs(rng, shape: str, name: str, dtype=BF16) -> dict:

@@ -91,13 +91,11 @@ def _no_device_error_left():
 
 
 @pytest.fixture(autouse=True)
-def _hopper_and_no_switches(monkeypatch):
+def _hopper_and_no_switches(no_switches):
     """The routes and counts below are the verified sm_90a kernel's (the sm_100a one runs
     under a self-check, its envelope only); no environment switch set."""
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("needs an sm_90 device (H100 / H200)")
-    for name in ("KDA_DHU_FORCE", "KDA_DHU_CHECK_INPUTS", "KDA_DHU_SM90_NWG"):
-        monkeypatch.delenv(name, raising=False)
 
 
 # ------------------------------------------------------------------------ instruments

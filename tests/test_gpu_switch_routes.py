@@ -85,17 +85,9 @@ def cases():
 
 
 @pytest.fixture(autouse=True)
-def _setup(monkeypatch):
+def _setup(no_switches):
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("needs an sm_90 device (H100 / H200): the routes below are the sm_90a kernel's")
-    for name in (
-        "KDA_DHU_FORCE",
-        "KDA_DHU_CHECK_INPUTS",
-        "KDA_DHU_SM90_NWG",
-        "KDA_DHU_SM90_VARIANT",
-        "FLA_KDA_DHU",
-    ):
-        monkeypatch.delenv(name, raising=False)
     register_or_skip()
     import fla.ops.kda.chunk_bwd  # noqa: F401 - the patched route's module
 

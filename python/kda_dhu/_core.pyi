@@ -226,6 +226,16 @@ def check_input_errors(ordinal: int) -> None:
 def launch_count() -> int:
     """Kernel launches of this process so far (every route)."""
 
+BT: int
+"""Tokens per chunk of every kernel (fla's BT on the kernel path): cuda/dhu_layout.h."""
+BV: int
+"""V columns per consumer warpgroup (sm_90a) / per CTA (sm_100a): cuda/dhu_layout.h."""
+
+def kernel_facts() -> dict[str, object]:
+    """The kernels' numbers, from cuda/dhu_layout.h (their one owner): BT, BV, WG_THREADS,
+    SMEM_OPTIN_MAX_SM90, and per kernel family ("sm90", "sm90_regstate", "sm100") a list of
+    {"k", "nwg", "stages", "threads", "smem_bytes"} (dynamic shared memory of a launch)."""
+
 def force() -> str | None:
     """KDA_DHU_FORCE: None, "kernel" or "fla"; ValueError for another value."""
 
@@ -235,6 +245,10 @@ def switch(name: str) -> str | None:
 
 def switches() -> list[tuple[str, str, str | None]]:
     """Every environment switch: (name, meaning, value or None)."""
+
+def per_call_switches() -> list[str]:
+    """The switches read at each call (they change what a call runs); the others are read
+    once per process or device (on import, when a device first loads its kernels)."""
 
 def policy(ordinal: int) -> list[tuple[str, str, str, str, str]]:
     """The Extended rule's measured clauses on cuda:``ordinal``: (name, when, measured on,

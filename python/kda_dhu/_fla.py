@@ -21,7 +21,6 @@ from . import _fla_compat
 
 SOURCE = "fla.ops.common.chunk_delta_h"
 NAME = "chunk_gated_delta_rule_bwd_dhu"
-BT = 64
 
 _fla_fn = None
 _original = None  # fla's function as kda_dhu.patch found it, before rebinding the name
@@ -73,6 +72,8 @@ def chunk_count(cu_seqlens, T: int) -> int:
     tensor-cached ``prepare_chunk_indices`` (one host read per distinct cu_seqlens tensor,
     shared with fla's own forward and backward), else by reading cu_seqlens here. Bad
     values raise ValueError naming cu_seqlens (the Rust checker's message)."""
+    from ._core import BT  # tokens per chunk of every kernel (cuda/dhu_layout.h)
+
     try:
         from fla.ops.utils.index import prepare_chunk_indices
     except ImportError:

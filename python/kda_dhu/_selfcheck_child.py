@@ -36,12 +36,12 @@ import zlib
 
 import torch
 
+from ._core import BT  # tokens per chunk of every kernel (cuda/dhu_layout.h)
 from ._selfcheck import REPORT_PREFIX, RULES, Signature, rel_diff
 
 NAMES = ("dh", "dh0", "dv2")
 PAIRS = 8  # (sequence, head) pairs the reference is computed on, at most
 REF_BUDGET = 1 << 25  # float64 elements of dh the sampled reference may hold (256 MiB)
-BT = 64
 
 
 def varlen_lengths(sig: Signature, gen: torch.Generator) -> list[int]:

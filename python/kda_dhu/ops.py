@@ -18,7 +18,7 @@ import operator
 
 import torch
 
-BT = 64
+from ._core import BT  # tokens per chunk of every kernel (cuda/dhu_layout.h)
 
 _TENSOR_ARGS = (
     "q",
@@ -49,7 +49,7 @@ def _op_scalars(scale, state_v_first, chunk_size) -> tuple[float, bool]:
     except TypeError:
         raise TypeError(f"chunk_size: expected an int, got {type(chunk_size).__name__}") from None
     if chunk_size != BT:
-        raise ValueError(f"chunk_size: the custom op takes 64, got {chunk_size}")
+        raise ValueError(f"chunk_size: the custom op takes {BT}, got {chunk_size}")
     numpy_bool = type(state_v_first).__module__ == "numpy" and type(state_v_first).__name__ in (
         "bool",
         "bool_",
