@@ -723,6 +723,13 @@ fn kernel_facts(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     Ok(d)
 }
 
+/// The op's arguments in fla's order, (name, default's Python repr or None for a required
+/// one): the one description the entry points are checked against.
+#[pyfunction]
+fn op_arguments() -> Vec<(&'static str, Option<&'static str>)> {
+    validate::ARGUMENTS.to_vec()
+}
+
 /// The names of the switches read at each call (they change what a call runs), in
 /// `switches()`'s order; the others are read once per process or device.
 #[pyfunction]
@@ -852,6 +859,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launch_count, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_facts, m)?)?;
     m.add_function(wrap_pyfunction!(per_call_switches, m)?)?;
+    m.add_function(wrap_pyfunction!(op_arguments, m)?)?;
     // Tokens per chunk of every kernel (fla's BT on the kernel path) and the V tile.
     m.add("BT", facts::BT)?;
     m.add("BV", facts::BV)?;

@@ -13,6 +13,30 @@ use crate::tensor::{fmt_shape, DType, TensorMeta};
 /// fla's head-dimension limit (`assert K <= 256`).
 pub const MAX_K: i64 = 256;
 
+/// The op's arguments: fla's signature of `chunk_gated_delta_rule_bwd_dhu` (fla-core 0.6),
+/// in order, as (name, default): None for a required argument, else the default's Python
+/// repr. The one description every entry point, stub and wrapper is checked against
+/// (`_core.op_arguments()`, tests/test_op_arguments.py). [`CallArgs`] holds the first 15;
+/// `use_graph` (fla's static output buffers for graph capture) is carried out in Python.
+pub const ARGUMENTS: &[(&str, Option<&str>)] = &[
+    ("q", None),
+    ("k", None),
+    ("w", None),
+    ("do", None),
+    ("dv", None),
+    ("g", Some("None")),
+    ("gk", Some("None")),
+    ("h0", Some("None")),
+    ("dht", Some("None")),
+    ("scale", Some("None")),
+    ("state_v_first", Some("False")),
+    ("cu_seqlens", Some("None")),
+    ("chunk_size", Some("64")),
+    ("chunk_indices", Some("None")),
+    ("chunk_offsets", Some("None")),
+    ("use_graph", Some("False")),
+];
+
 /// The arguments of one call, in fla's order (`do` is a Rust keyword: `do_`).
 #[derive(Clone, Debug)]
 pub struct CallArgs {
@@ -633,6 +657,13 @@ pub(crate) mod tests {
     use super::*;
     use crate::error::PyKind;
     use crate::tensor::Device;
+
+    #[test]
+    fn the_op_s_chunk_size_default_is_the_kernels_chunk() {
+        let default = ARGUMENTS.iter().find(|(name, _)| *name == "chunk_size").and_then(|(_, d)| *d);
+        assert_eq!(default, Some(BT.to_string().as_str()));
+        assert_eq!(ARGUMENTS.len(), 16);
+    }
 
     /// A valid KDA-style call (gk path, dht and h0 given) on CPU tensors.
     pub fn call(b: i64, t: i64, h: i64, hv: i64, k: i64, v: i64, dtype: DType) -> CallArgs {

@@ -246,6 +246,10 @@ def switch(name: str) -> str | None:
 def switches() -> list[tuple[str, str, str | None]]:
     """Every environment switch: (name, meaning, value or None)."""
 
+def op_arguments() -> list[tuple[str, str | None]]:
+    """The op's arguments in fla's order: (name, the default's Python repr, or None for a
+    required one). The one description the entry points are checked against."""
+
 def per_call_switches() -> list[str]:
     """The switches read at each call (they change what a call runs); the others are read
     once per process or device (on import, when a device first loads its kernels)."""

@@ -1,0 +1,85 @@
+"""Every entry point with fla's signature says the op's arguments as the one description
+does (``_core.op_arguments()``, src/validate.rs's ARGUMENTS): names, order and defaults,
+for the Python functions, the custom op's wrapper, fla's registry binding, the compiled
+functions' signatures and the ``_core.pyi`` stubs; and that description is fla's own
+signature where fla is importable. CPU only."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pathlib
+
+import pytest
+from kda_dhu import _core
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ARGS = [tuple(a) for a in _core.op_arguments()]
+NAMES = [name for name, _ in ARGS]
+# The arguments the Rust core reads (use_graph is carried out in Python: fla's buffers).
+CORE_NAMES = NAMES[: NAMES.index("use_graph")]
+
+
+def _described(fn) -> list[tuple[str, str | None]]:
+    """(name, repr of the default or None) of ``fn``'s parameters."""
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        out.append((p.name, None if p.default is inspect.Parameter.empty else repr(p.default)))
+    return out
+
+
+def test_the_description_is_fla_s_signature():
+    from kda_dhu._fla import fla_function
+
+    try:
+        fn = fla_function()
+    except ImportError as err:
+        pytest.skip(f"fla is not importable here: {err}")
+    assert _described(inspect.unwrap(fn)) == ARGS
+
+
+def test_the_python_entry_points_say_the_description():
+    import kda_dhu
+    from kda_dhu import _dispatch, fla_backend
+
+    for fn in (kda_dhu.chunk_gated_delta_rule_bwd_dhu, kda_dhu.plan_call, _dispatch.verify):
+        assert _described(fn) == ARGS, fn.__qualname__
+    # fla's registry binding: the description, then any argument of a newer fla (**newer).
+    assert _described(fla_backend._bound) == [*ARGS, ("newer", None)]
+    assert list(fla_backend._FLA_PARAMS) == NAMES
+
+
+def test_the_custom_op_wrapper_says_the_description_but_use_graph():
+    ops = pytest.importorskip("kda_dhu.ops")
+    assert _described(ops.chunk_gated_delta_rule_bwd_dhu_op) == ARGS[: len(CORE_NAMES)]
+
+
+def test_fla_compat_passes_every_argument():
+    from kda_dhu import _fla_compat
+
+    assert [*_fla_compat.REQUIRED, *_fla_compat.NEWER] == NAMES
+
+
+def _text_names(fn) -> list[str]:
+    sig = fn.__text_signature__.strip("()")
+    return [p.split("=")[0].strip() for p in sig.split(",") if p.strip() not in ("*", "/")]
+
+
+@pytest.mark.parametrize(
+    "name, before, after",
+    [
+        ("run", ["rule"], []),
+        ("prepare", ["rule"], ["nt"]),
+        ("plan", ["rule"], ["nt"]),
+        ("validate", [], []),
+        ("launch", [], ["dh", "dh0", "dv2", "stream"]),
+        ("cpu_bwd_dhu", ["mode"], ["poison", "check_only"]),
+    ],
+)
+def test_the_compiled_functions_and_their_stubs_say_the_description(name, before, after):
+    want = [*before, *CORE_NAMES, *after]
+    assert _text_names(getattr(_core, name)) == want, f"_core.{name}"
+    tree = ast.parse((ROOT / "python" / "kda_dhu" / "_core.pyi").read_text())
+    stubs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    a = stubs[name].args
+    assert [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)] == want, f"_core.pyi: {name}"
