@@ -604,6 +604,9 @@ pub struct Prepared {
     /// Why the device cannot run the kernels (`unavailable`): every plan of the call is
     /// then a fallback with this reason.
     pub unavailable: Option<String>,
+    /// The kernel and its configuration where the plan of the call's rule is the kernel:
+    /// what `launch` runs, without planning again.
+    pub kernel: Option<(Arch, KernelConfig)>,
 }
 
 impl Prepared {
@@ -616,17 +619,23 @@ impl Prepared {
         let info = device_info(ordinal)?;
         check_input_errors(ordinal)?;
         let unavailable = unavailable(ordinal)?;
-        let (mut call, _) = Prepared::with_info(args, desc, info, rule);
-        call.unavailable = unavailable;
-        let p = call.replan(rule);
-        Ok((call, p))
+        let p = on_device(plan(&desc, &info, rule), &unavailable);
+        Ok((Prepared::planned(args, desc, info, unavailable, &p), p))
     }
 
     /// From a validated call and its device, which can run the kernels (pure: tests
     /// build it without a GPU).
     pub fn with_info(args: CallArgs, desc: CallDesc, info: DeviceInfo, rule: Rule) -> (Prepared, Plan) {
         let p = plan(&desc, &info, rule);
-        (Prepared { args, desc, info, unavailable: None }, p)
+        (Prepared::planned(args, desc, info, None, &p), p)
+    }
+
+    fn planned(args: CallArgs, desc: CallDesc, info: DeviceInfo, unavailable: Option<String>, p: &Plan) -> Prepared {
+        let kernel = match p {
+            Plan::Kernel { arch, config } => Some((*arch, *config)),
+            Plan::Fallback { .. } => None,
+        };
+        Prepared { args, desc, info, unavailable, kernel }
     }
 
     /// The plan of the same call under another rule (no re-validation).
@@ -636,8 +645,10 @@ impl Prepared {
 
     /// Launches the call (as `launch`, without reading or validating the inputs again)
     /// writing `outs`, on `stream`.
+    /// The kernel of the rule's plan; where that was a fallback, the Capable plan's (the
+    /// caller asked for the kernel wherever it can compute the call).
     pub fn launch(&self, outs: &Outputs, stream: u64) -> Result<()> {
-        launch_validated(&self.args, &self.desc, &self.info, outs, stream)
+        launch_validated(&self.args, &self.desc, &self.info, self.kernel, outs, stream)
     }
 }
 
@@ -680,16 +691,21 @@ pub fn fill_scalars(
 }
 
 /// The kernel, its DhuParams (descriptors included) and launch shape for a validated
-/// call and its outputs, under the Capable plan (NotPlanned when that says fallback).
+/// call and its outputs: `kernel` where the call was planned to it, else the Capable
+/// plan's (NotPlanned when that says fallback).
 pub fn launch_params(
     args: &CallArgs,
     desc: &CallDesc,
     info: &DeviceInfo,
+    kernel: Option<(Arch, KernelConfig)>,
     outs: &Outputs,
 ) -> Result<(Arch, KernelConfig, DhuParams)> {
-    let (arch, config) = match plan(desc, info, Rule::Capable) {
-        Plan::Kernel { arch, config } => (arch, config),
-        Plan::Fallback { reason } => return Err(Error::NotPlanned(reason)),
+    let (arch, config) = match kernel {
+        Some(planned) => planned,
+        None => match plan(desc, info, Rule::Capable) {
+            Plan::Kernel { arch, config } => (arch, config),
+            Plan::Fallback { reason } => return Err(Error::NotPlanned(reason)),
+        },
     };
     let nt = validate_outputs(desc, outs)?;
     let mut params = fill_scalars(args, outs, desc, &config, nt)?;
@@ -725,7 +741,7 @@ pub fn launch_params(
 pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
     let desc = validate(args, true)?;
     let info = device_info(validated_ordinal(&desc)?)?;
-    launch_validated(args, &desc, &info, outs, stream)
+    launch_validated(args, &desc, &info, None, outs, stream)
 }
 
 /// Kernel launches of this process that the driver accepted (every route: tests and
@@ -738,8 +754,15 @@ pub fn launch_count() -> u64 {
 }
 
 /// Outputs checked, DhuParams filled, descriptors from the cache, one cuLaunchKernel.
-fn launch_validated(args: &CallArgs, desc: &CallDesc, info: &DeviceInfo, outs: &Outputs, stream: u64) -> Result<()> {
-    let (arch, config, mut params) = launch_params(args, desc, info, outs)?;
+fn launch_validated(
+    args: &CallArgs,
+    desc: &CallDesc,
+    info: &DeviceInfo,
+    kernel: Option<(Arch, KernelConfig)>,
+    outs: &Outputs,
+    stream: u64,
+) -> Result<()> {
+    let (arch, config, mut params) = launch_params(args, desc, info, kernel, outs)?;
     let drv = driver()?;
     let dev = device(desc.device.expect("planned with a device"))?;
     let ctx = dev.context()?;
@@ -901,6 +924,17 @@ mod tests {
     }
 
     #[test]
+    fn a_prepared_call_keeps_its_kernel_plan_for_the_launch() {
+        // The rule's kernel plan is what the launch runs (not planned again); a fallback
+        // keeps none, and the launch then asks the Capable rule.
+        let (pc, p) = prepared(on_cuda(call(2, 256, 32, 32, 128, 128, DType::BF16)), Rule::Extended);
+        let Plan::Kernel { arch, config } = p else { panic!("{p}") };
+        assert_eq!(pc.kernel, Some((arch, config)));
+        let (pc, p) = prepared(on_cuda(call(1, 256 * 64, 4, 4, 64, 64, DType::BF16)), Rule::Extended);
+        assert!(!p.is_kernel() && pc.kernel.is_none());
+    }
+
+    #[test]
     fn launch_params_check_the_outputs_against_the_prepared_call() {
         let a = on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16));
         let (pc, _) = prepared(a.clone(), Rule::Extended);
@@ -912,26 +946,26 @@ mod tests {
         // Wrong NT, missing dh0, misaligned dv2, another device: named before any driver pc.
         let mut bad = o.clone();
         bad.dh.shape[1] = 3;
-        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, pc.kernel, &bad).unwrap_err();
         assert!(e.to_string().starts_with("dh: expected shape [B=2, NT=2, HV=4, K=128, V=64]"), "{e}");
         let mut bad = o.clone();
         bad.dh0 = None;
-        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, pc.kernel, &bad).unwrap_err();
         assert!(e.to_string().starts_with("dh0: expected a tensor"), "{e}");
         let mut bad = o.clone();
         bad.dv2.ptr += 8;
-        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, pc.kernel, &bad).unwrap_err();
         assert!(e.to_string().starts_with("dv2: expected a 16-byte aligned data pointer"), "{e}");
         let mut bad = o.clone();
         bad.dh.device = Device::cuda(1);
-        let e = launch_params(&pc.args, &pc.desc, &pc.info, &bad).unwrap_err();
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, pc.kernel, &bad).unwrap_err();
         assert_eq!(e.to_string(), "dh: expected a tensor on cuda:0 like q, got a tensor on cuda:1");
         // A call the kernel cannot compute is refused whatever rule prepared it.
         let mut chunk32 = on_cuda(call(2, 128, 4, 4, 128, 64, DType::BF16));
         chunk32.chunk_size = 32;
         let (pc, p) = prepared(chunk32, Rule::Capable);
         assert!(!p.is_kernel());
-        let e = launch_params(&pc.args, &pc.desc, &pc.info, &o).unwrap_err();
+        let e = launch_params(&pc.args, &pc.desc, &pc.info, pc.kernel, &o).unwrap_err();
         assert!(matches!(e, Error::NotPlanned(_)), "{e}");
     }
 
