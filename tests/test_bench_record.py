@@ -1,5 +1,6 @@
-"""The benchmark's record tools on the committed H200 records (CPU): README's speed tables
-are generated from them, and the plot draws them (or fails, saying why)."""
+"""The benchmark's record tools on the committed H200 records (CPU): the speed tables of
+README.md and docs/performance.md are generated from them, and the plot draws them (or
+fails, saying why)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,24 @@ def test_readme_tables_are_the_records_tables():
     )
 
 
+DOCS_PERFORMANCE = os.path.join(os.path.dirname(README), "docs", "performance.md")
+
+
+def test_docs_performance_tables_are_the_records_tables():
+    """docs/performance.md's generated blocks (the current record and the forced one) are
+    what the generator makes from the records they name (paths relative to docs/)."""
+    if not os.path.exists(DOCS_PERFORMANCE):
+        pytest.skip("no docs/ beside tests/ (the cluster wheel's CPU tests copy README.md only)")
+    with open(DOCS_PERFORMANCE) as f:
+        text = f.read()
+    assert "<!-- bench-table: ../benches/results/latest.json -->" in text
+    assert "<!-- bench-table: ../benches/results/2026-11-30-NVIDIA_H200-forced-c99b8b5.json -->" in text
+    assert bench.update_readme(DOCS_PERFORMANCE, check=True) is False, (
+        "docs/performance.md's tables differ from their records: "
+        "python -m kda_dhu.bench --readme docs/performance.md"
+    )
+
+
 def test_a_hand_edited_block_is_found_and_made_anew():
     with open(README) as f:
         text = f.read()
@@ -82,6 +101,38 @@ def test_plot_draws_the_record_or_names_the_extra(tmp_path):
         with pytest.raises(ImportError, match=r"kda-dhu\[bench\]"):
             bench.plot(_record(), str(path))
         assert not path.exists()
+
+
+def test_plot_names_its_record_says_lower_is_better_and_marks_the_rows_that_ran_fla(tmp_path, monkeypatch):
+    """The figure's title names the record (file, commit, date), its axis says lower is
+    better, and each row whose path is fla has a hatched kda-dhu bar and "(ran fla)"
+    under its name; the other rows neither."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    drawn = []
+    savefig = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        drawn.append(fig)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    record = _record()
+    bench.plot(record, str(tmp_path / "r.png"), source="latest.json")
+    (ax,) = drawn[0].axes
+    title = ax.get_title()
+    for part in ("latest.json", record["kda_dhu_commit"], record["date"], record["gpu"]):
+        assert part in title, (part, title)
+    assert "lower is better" in ax.get_ylabel()
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    ours = ax.containers[0]  # the kda-dhu bars, drawn first
+    ran_fla = [r["path"].startswith("fla") for r in record["rows"]]
+    assert any(ran_fla) and not all(ran_fla)
+    for row, label, bar, fla in zip(record["rows"], labels, ours, ran_fla):
+        assert label.startswith(row["shape"])
+        assert ("(ran fla)" in label) == fla, label
+        assert bool(bar.get_hatch()) == fla, row["shape"]
 
 
 def _plot_cli(tmp_path, hide_matplotlib: bool) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import textwrap
 import kda_dhu
 import pytest
 from helpers import ROUTE_SWITCHES
-from kda_dhu import bench
+from kda_dhu import bench, doctor
 
 # The folder kda_dhu is imported from, for the fresh interpreters.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kda_dhu.__file__)))
@@ -187,8 +187,8 @@ def test_a_mistyped_shape_fails_before_torch_with_the_shape_list(args, expected)
     assert not _imported(proc.stderr) & {"torch", "fla"}
 
 
-def _doctor(env=None) -> str:
-    proc = _run(["-m", "kda_dhu", "--doctor"], env=env)
+def _doctor(env=None, verbose: bool = False) -> str:
+    proc = _run(["-m", "kda_dhu", "--doctor", *(["--verbose"] if verbose else [])], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "could not check" not in proc.stdout, proc.stdout
     return proc.stdout
@@ -198,6 +198,12 @@ def _doctor(env=None) -> str:
 def doctor_out() -> str:
     """``python -m kda_dhu --doctor``'s output with no switch set (one run for the tests)."""
     return _doctor()
+
+
+@pytest.fixture(scope="module")
+def doctor_verbose_out() -> str:
+    """``python -m kda_dhu --doctor --verbose``'s output with no switch set."""
+    return _doctor(verbose=True)
 
 
 def test_doctor_prints_every_section(doctor_out):
@@ -220,9 +226,59 @@ def test_doctor_prints_every_section(doctor_out):
 
     for stem, arch, image in _core.embedded_kernels():
         assert f"{stem} ({arch}, {image})" in out
-    assert _core.build_info().splitlines()[0] in out
+    assert "built with               " + "; ".join(doctor.compilers(_core.build_info())) in out
     if HAS_FLA:
         assert "kda_dhu in the registry  yes" in out
+
+
+def test_doctor_is_short_and_keeps_the_build_log_for_verbose(doctor_out, doctor_verbose_out):
+    """The default output names the compilers but leaves the build log (paths, flags,
+    registers per entry point) to --verbose, which prints every line of it."""
+    from kda_dhu import _core
+
+    info = _core.build_info().splitlines()
+    assert " registers, " not in doctor_out
+    assert "python -m kda_dhu --doctor --verbose" in doctor_out
+    assert len(doctor_out.splitlines()) < 80, doctor_out
+    for line in info:
+        assert doctor.build_log_line(line) in doctor_verbose_out, line
+    assert sum(" registers, " in ln for ln in doctor_verbose_out.splitlines()) == sum(
+        " registers, " in ln for ln in info
+    )
+
+
+def test_doctor_prints_no_path_that_is_gone(doctor_out, doctor_verbose_out):
+    """Every absolute path the doctor prints exists here: a path of the build (pip's
+    build environment, the machine that built the wheel) that is gone is shown by its
+    tail and marked."""
+    for out in (doctor_out, doctor_verbose_out):
+        for m in doctor._PATH.finditer(out):
+            path = m.group(0).rstrip(":.")
+            assert os.path.exists(path), (path, out)
+
+
+def test_build_log_line_marks_a_path_that_is_gone(tmp_path):
+    gone = "/nonexistent-build-env/overlay/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc"
+    line = f"cuda13: nvcc {gone} (release 13.0, V13.0.88)"
+    shown = doctor.build_log_line(line)
+    assert "/nonexistent-build-env" not in shown
+    assert f"{doctor.GONE}/nvidia/cu13/bin/nvcc (release 13.0, V13.0.88)" in shown
+    here = str(tmp_path)
+    assert doctor.build_log_line(f"cutlass include: {here}") == f"cutlass include: {here}"
+    assert doctor.build_log_line("cutlass include: /nonexistent-x/a/include") == (
+        f"cutlass include: {doctor.GONE}/a/include"
+    )
+    assert doctor.compilers(line + "\ncuda13 flags: -O3\ncuda12: NVRTC 12.9 /x/lib.so, headers /y") == [
+        "cuda13: nvcc (release 13.0, V13.0.88)",
+        "cuda12: NVRTC 12.9",
+    ]
+
+
+def test_verbose_goes_with_doctor():
+    proc = _run(["-X", "importtime", "-m", "kda_dhu", "--verbose"])
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "--verbose goes with --doctor" in proc.stderr
+    assert not _imported(proc.stderr) & {"torch", "fla"}
 
 
 def test_doctor_without_a_gpu_says_so(doctor_out):

@@ -11,7 +11,8 @@ Without one: says so, and checks the float64 reference on the CPU against an
 independent per-token loop on small random problems of every variant.
 
 --doctor: what this machine gives kda-dhu (versions, driver, GPUs, fla's registry,
-the routes of the README's shapes), section by section.
+the routes of the README's shapes), section by section; --doctor --verbose adds the
+build log (compilers, flags, registers per kernel entry point).
 """
 
 from __future__ import annotations
@@ -69,15 +70,22 @@ def main(argv=None) -> int:
         help="print versions, driver, GPUs, fla's backend registry and the README shapes' routes, and exit",
     )
     ap.add_argument(
+        "--verbose",
+        action="store_true",
+        help="with --doctor: also the build log (compiler paths, flags, registers per kernel entry point)",
+    )
+    ap.add_argument(
         "--full-reference",
         action="store_true",
         help="check the float64 reference on every (batch, head) pair, not on a sample of 16",
     )
     args = ap.parse_args(argv)
+    if args.verbose and not args.doctor:
+        ap.error("--verbose goes with --doctor")
     if args.doctor:
         from . import doctor
 
-        return doctor.main()
+        return doctor.main(verbose=args.verbose)
 
     import time
 

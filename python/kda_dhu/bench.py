@@ -27,10 +27,10 @@ import subprocess
 import sys
 import time
 
+from ._core import BT  # tokens per chunk of every kernel (cuda/dhu_layout.h)
+
 # torch is imported inside the functions that use it: ``python -m kda_dhu.bench --help``,
 # a mistyped shape name and ``--table`` answer without it.
-
-BT = 64
 
 # name, B, T, H, HV, K, V, gate, varlen (list of lengths or None)
 SHAPES = [
@@ -538,9 +538,14 @@ def update_readme(path: str, check: bool = False) -> bool:
 PLOT_NEEDS = "matplotlib (pip install 'kda-dhu[bench]')"
 
 
-def plot(record: dict, path: str) -> None:
+def plot(record: dict, path: str, source: str | None = None) -> None:
     """A PNG of a benchmark record at ``path``: time over the bandwidth floor per shape,
-    kda-dhu and fla side by side (1.0 is the floor).
+    kda-dhu and fla side by side (1.0 is the floor; lower is better), titled with the
+    record (``source``, its file name, where given; GPU, kda_dhu commit, date, fla).
+
+    A row whose path is fla (the planner sent kda-dhu's call to fla's function, so both
+    bars time fla) is marked: its kda-dhu bar hatched and grey, "(ran fla)" under its
+    name and "ran fla" over its bar in place of the speed-up.
 
     Raises ImportError (naming the ``bench`` extra) without matplotlib, and OSError when
     ``path`` cannot be written; nothing is written then."""
@@ -549,28 +554,50 @@ def plot(record: dict, path: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError as err:
         raise ImportError(f"plotting needs {PLOT_NEEDS}: {err}") from err
     rows = record["rows"]
-    names = [r["shape"] for r in rows]
+    ran_fla = [r["path"].startswith("fla") for r in rows]
+    names = [r["shape"] + ("\n(ran fla)" if f else "") for r, f in zip(rows, ran_fla)]
     x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(10, 4.2), dpi=110)
-    ax.bar([i - 0.2 for i in x], [r["over_floor"] for r in rows], 0.4, label="kda-dhu")
+    fig, ax = plt.subplots(figsize=(10, 4.6), dpi=110)
+    ours = ax.bar([i - 0.2 for i in x], [r["over_floor"] for r in rows], 0.4, label="kda-dhu")
+    for bar, f in zip(ours, ran_fla):
+        if f:
+            bar.set_facecolor("0.75")
+            bar.set_hatch("//")
+            bar.set_edgecolor("0.35")
     ax.bar(
         [i + 0.2 for i in x], [r["fla_over_floor"] for r in rows], 0.4, label=f"fla {record['fla_version']}"
     )
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xticks(list(x))
     ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
-    ax.set_ylabel("time / bandwidth floor")
+    ax.set_ylabel("time / bandwidth floor (lower is better)")
+    what = source or f"record {record['date']}-{record['gpu'].replace(' ', '_')}"
     ax.set_title(
-        f"chunk_gated_delta_rule_bwd_dhu on {record['gpu']} ({record['date']}, "
-        f"kda_dhu {record['kda_dhu_commit']})",
+        f"{what}: chunk_gated_delta_rule_bwd_dhu on {record['gpu']}\n"
+        f"kda_dhu {record['kda_dhu_commit']}, {record['date']}, fla {record['fla_version']}, "
+        f"torch {record['torch']}; dashed: the floor; over the bars: fla ms / kda-dhu ms",
         fontsize=9,
     )
-    for i, r in enumerate(rows):
-        ax.text(i - 0.2, r["over_floor"], f"{r['speedup_vs_fla']:.2f}x", ha="center", va="bottom", fontsize=7)
-    ax.legend(fontsize=8)
+    for i, (r, f) in enumerate(zip(rows, ran_fla)):
+        label = "ran fla" if f else f"{r['speedup_vs_fla']:.2f}x"
+        ax.text(i - 0.2, r["over_floor"], label, ha="center", va="bottom", fontsize=7)
+    handles, _ = ax.get_legend_handles_labels()
+    if any(ran_fla):
+        handles.append(
+            Patch(
+                facecolor="0.75",
+                hatch="//",
+                edgecolor="0.35",
+                label="kda-dhu's call routed to fla by the planner (both bars time fla)",
+            )
+        )
+    top = max(max(r["over_floor"], r["fla_over_floor"]) for r in rows)
+    ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
+    ax.legend(handles=handles, fontsize=8, loc="upper left", ncol=3)
     fig.tight_layout()
     try:
         fig.savefig(path)
@@ -645,7 +672,7 @@ def _record_tools(ap: argparse.ArgumentParser, args) -> int:
         print(table, end="")
         if args.plot:
             try:
-                plot(record, args.plot)
+                plot(record, args.plot, source=os.path.basename(args.table))
             except (ImportError, OSError, ValueError, KeyError, TypeError) as err:
                 print(f"kda_dhu.bench: --plot {args.plot}: no plot: {err}", file=sys.stderr)
                 return 1

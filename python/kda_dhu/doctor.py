@@ -1,10 +1,15 @@
 """``python -m kda_dhu --doctor``: what this machine gives kda-dhu, section by section.
 
 Versions (kda_dhu, Python, torch, fla), the compiled extension (its embedded kernel
-images and build log), the CUDA driver, the GPUs, fla's backend registry, the
-environment switches, and the route each shape of the README's table would take on
-this machine's first GPU (the planner's verdict under the rule of fla's backend and
-``chunk_gated_delta_rule_bwd_dhu``, and under ``kda_dhu_b2a``'s).
+images and the compilers that built them), the CUDA driver, the GPUs, fla's backend
+registry, the environment switches, and the route each shape of the README's table would
+take on this machine's first GPU (the planner's verdict under the rule of fla's backend
+and ``chunk_gated_delta_rule_bwd_dhu``, and under ``kda_dhu_b2a``'s).
+
+``--doctor --verbose`` adds the build log: compiler paths, flags, and registers, shared
+memory and stack frame of every kernel entry point (ptxas). A path of the build that no
+longer exists here (pip's build environment, removed after the build; the machine that
+built a cluster wheel) is shown by its tail and marked as such (``build_log_line``).
 
 Every section reports its own failure and the next one runs; the command exits 0
 whatever it finds (it diagnoses, it does not judge). It imports fla (seconds, and
@@ -17,6 +22,7 @@ import importlib
 import importlib.util
 import os
 import platform
+import re
 import sys
 import traceback
 import warnings
@@ -28,13 +34,14 @@ FLA_SWITCHES = ("FLA_KDA_DHU", "FLA_DISABLE_BACKEND_DISPATCH")
 
 
 def _section(title: str):
-    """A decorator printing ``title``, then the section; an exception becomes a line."""
+    """A decorator printing ``title``, then the section (``options`` passed on to it); an
+    exception becomes a line."""
 
     def wrap(fn):
-        def run(out) -> None:
+        def run(out, **options) -> None:
             print(f"\n== {title}", file=out)
             try:
-                fn(out)
+                fn(out, **options)
             except Exception as err:  # noqa: BLE001 - a doctor reports, it does not stop
                 print(f"  could not check: {type(err).__name__}: {err}", file=out)
                 if os.environ.get("KDA_DHU_DOCTOR_TRACE"):
@@ -73,8 +80,45 @@ def _versions(out) -> None:
     _line(out, "triton", triton or "not installed")
 
 
+# An absolute path in the build log, up to a space, comma, semicolon or bracket.
+_PATH = re.compile(r"(?<![\w.])/[^\s,;()]+")
+GONE = "<build-time path, not on this machine>"
+
+
+def build_log_line(line: str) -> str:
+    """A line of ``_core.build_info()`` as the doctor prints it: each absolute path that
+    does not exist on this machine becomes ``GONE + "/" + tail`` (the tail from
+    ``site-packages/`` on, else the last two components), so the log names the compiler
+    without pointing into a folder that is gone (pip's build environment, the machine
+    that built a cluster wheel)."""
+
+    def shown(m: re.Match) -> str:
+        path = m.group(0)
+        if os.path.exists(path):
+            return path
+        parts = path.split("/site-packages/", 1)
+        tail = parts[1] if len(parts) == 2 else "/".join(path.rstrip("/").split("/")[-2:])
+        return f"{GONE}/{tail}"
+
+    return _PATH.sub(shown, line)
+
+
+def compilers(info: str) -> list:
+    """The toolchain lines of a build log without their paths: ["cuda13: nvcc (release
+    13.0, V13.0.88)", "cuda12: NVRTC 12.9", ...]."""
+    found = []
+    for line in info.splitlines():
+        m = re.match(r"(cuda\d+): (.*)", line)
+        if not m:
+            continue
+        what = m.group(2).split(", headers ", 1)[0]
+        what = re.sub(r"\s+", " ", _PATH.sub("", what)).strip()
+        found.append(f"{m.group(1)}: {what}")
+    return found
+
+
 @_section("compiled extension (kda_dhu._core)")
-def _extension(out) -> None:
+def _extension(out, verbose: bool = False) -> None:
     from . import _dispatch
 
     core = _dispatch._core
@@ -84,9 +128,19 @@ def _extension(out) -> None:
     _line(out, "file", core.__file__)
     images = ", ".join(f"{stem} ({arch}, {image})" for stem, arch, image in core.embedded_kernels())
     _line(out, "embedded kernel images", images or "none")
-    print("  build log (nvcc, headers, flags, ptxas per entry point):", file=out)
-    for ln in core.build_info().splitlines():
-        print(f"    {ln}", file=out)
+    info = core.build_info()
+    _line(out, "built with", "; ".join(compilers(info)) or "unknown")
+    if not verbose:
+        entries = sum(1 for ln in info.splitlines() if " registers, " in ln)
+        _line(
+            out,
+            "build log",
+            f"{entries} kernel entry points; registers and flags: python -m kda_dhu --doctor --verbose",
+        )
+        return
+    print("  build log (compilers, headers, flags, ptxas per entry point):", file=out)
+    for ln in info.splitlines():
+        print(f"    {build_log_line(ln)}", file=out)
 
 
 @_section("CUDA driver")
@@ -251,10 +305,13 @@ def _routes(out) -> None:
         print(f"  {row[0]:<26} {route}; b2a: {b2a}", file=out)
 
 
-def main(out=None) -> int:
-    """Prints every section to ``out`` (stdout); returns 0."""
+def main(out=None, verbose: bool = False) -> int:
+    """Prints every section to ``out`` (stdout); ``verbose`` adds the build log (paths,
+    flags, registers per kernel entry point). Returns 0."""
     out = out or sys.stdout
-    print("kda_dhu doctor", file=out)
-    for section in (_versions, _extension, _driver, _gpu_section, _registry, _environment, _policy, _routes):
+    print("kda_dhu doctor" + (" (verbose)" if verbose else ""), file=out)
+    _versions(out)
+    _extension(out, verbose=verbose)
+    for section in (_driver, _gpu_section, _registry, _environment, _policy, _routes):
         section(out)
     return 0
