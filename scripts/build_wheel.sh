@@ -129,9 +129,12 @@ step "wheel install + import" "$t"
 t=$(now)
 echo "== CPU tests from the installed wheel"
 mkdir -p "$TEST/src"
-# The tests read benches/ and scripts/ (scripts they run) and README.md; the package comes
-# from the wheel (tests/conftest.py only adds python/ when no kda_dhu is importable).
-cp -r "$ROOT/tests" "$ROOT/benches" "$ROOT/scripts" "$ROOT/README.md" "$TEST/src/"
+# The tests read benches/, scripts/ (scripts they run), docs/, README.md and
+# cuda/dhu_layout.h; the package comes from the wheel (tests/conftest.py only adds
+# python/ when no kda_dhu is importable).
+cp -r "$ROOT/tests" "$ROOT/benches" "$ROOT/scripts" "$ROOT/docs" "$ROOT/README.md" "$TEST/src/"
+# The kernels' numbers' one owner, which tests/test_kernel_facts.py reads beside the core's.
+mkdir -p "$TEST/src/cuda" && cp "$ROOT/cuda/dhu_layout.h" "$TEST/src/cuda/"
 (cd "$TEST/src" && "${clean_env[@]}" "$VPY" -m pytest tests -q -p no:cacheprovider)
 step "CPU tests" "$t"
 

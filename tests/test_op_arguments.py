@@ -13,7 +13,8 @@ import pathlib
 import pytest
 from kda_dhu import _core
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The package under test (the source tree's, or an installed wheel's): its stub beside it.
+PACKAGE = pathlib.Path(_core.__file__).resolve().parent
 ARGS = [tuple(a) for a in _core.op_arguments()]
 NAMES = [name for name, _ in ARGS]
 # The arguments the Rust core reads (use_graph is carried out in Python: fla's buffers).
@@ -79,7 +80,7 @@ def _text_names(fn) -> list[str]:
 def test_the_compiled_functions_and_their_stubs_say_the_description(name, before, after):
     want = [*before, *CORE_NAMES, *after]
     assert _text_names(getattr(_core, name)) == want, f"_core.{name}"
-    tree = ast.parse((ROOT / "python" / "kda_dhu" / "_core.pyi").read_text())
+    tree = ast.parse((PACKAGE / "_core.pyi").read_text())
     stubs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     a = stubs[name].args
     assert [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)] == want, f"_core.pyi: {name}"
