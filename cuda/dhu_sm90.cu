@@ -24,7 +24,7 @@
 // before w^T.dv2, and scale multiplies the fp32 q^T.do dot after accumulation. One
 // difference, with g only: do[t] * exp2(g[t]) is rounded to q.dtype in shared memory,
 // where fla keeps q[t] * exp2(g[t]) in fp32 for a TF32 dot (measured within SPEC.md's
-// bar on the H200: tests/test_gpu_kernel.py, gate "g").
+// bar on the H200: tests/gpu/test_gpu_kernel.py, gate "g").
 //
 // Warp roles (NWG = 1: 160 threads; NWG = 2: 384, the producer a whole warpgroup so that
 // setmaxnreg can hand its registers to the consumers):

@@ -133,7 +133,7 @@ mkdir -p "$TEST/src"
 # cuda/dhu_layout.h; the package comes from the wheel (tests/conftest.py only adds
 # python/ when no kda_dhu is importable).
 cp -r "$ROOT/tests" "$ROOT/benches" "$ROOT/scripts" "$ROOT/docs" "$ROOT/README.md" "$TEST/src/"
-# The kernels' numbers' one owner, which tests/test_kernel_facts.py reads beside the core's.
+# The kernels' numbers' one owner, which tests/unit/test_kernel_facts.py reads beside the core's.
 mkdir -p "$TEST/src/cuda" && cp "$ROOT/cuda/dhu_layout.h" "$TEST/src/cuda/"
 (cd "$TEST/src" && "${clean_env[@]}" "$VPY" -m pytest tests -q -p no:cacheprovider)
 step "CPU tests" "$t"

@@ -16,7 +16,7 @@ pub const MAX_K: i64 = 256;
 /// The op's arguments: fla's signature of `chunk_gated_delta_rule_bwd_dhu` (fla-core 0.6),
 /// in order, as (name, default): None for a required argument, else the default's Python
 /// repr. The one description every entry point, stub and wrapper is checked against
-/// (`_core.op_arguments()`, tests/test_op_arguments.py). [`CallArgs`] holds the first 15;
+/// (`_core.op_arguments()`, tests/unit/test_op_arguments.py). [`CallArgs`] holds the first 15;
 /// `use_graph` (fla's static output buffers for graph capture) is carried out in Python.
 pub const ARGUMENTS: &[(&str, Option<&str>)] = &[
     ("q", None),
@@ -1020,7 +1020,7 @@ pub(crate) mod tests {
 
     /// Views that fla takes (it copies) are valid input: validation passes and the
     /// planner names the layout in its fallback reason. The torch views of
-    /// tests/test_bad_input.py, as DLPack describes them.
+    /// tests/unit/test_bad_input.py, as DLPack describes them.
     #[test]
     fn views_are_planned_as_packed_and_named_for_a_copy() {
         use crate::plan::{plan, DeviceInfo, Rule};

@@ -1,6 +1,8 @@
 """The tests' helpers live in the package (kda_dhu.testing) so that ``python -m kda_dhu``
 can run the same CPU check; this module keeps ``from helpers import ...`` working."""
 
+import os
+
 from kda_dhu.testing import GATES, make_inputs, naive_bwd_dhu  # noqa: F401
 
 
@@ -111,6 +113,13 @@ def pin_fla_stage4():
         return pin()
     except Exception:  # noqa: BLE001 - no (usable) fla here: nothing to pin
         return None
+
+
+# ------------------------------------------------------------------------- paths
+# The checkout's root (README.md, benches/, scripts/, cuda/) and its tests/ folder (this
+# module's), for tests in any of tests/unit, tests/gpu, tests/tools.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS)
 
 
 # --------------------------------------------------------------- fresh interpreters

@@ -7,7 +7,7 @@ fla whose function lacks one of ``REQUIRED`` is too old: :func:`adapt` raises
 ``FlaVersionError`` saying so, which ``kda_dhu._dispatch.fla_function`` (every
 fallback), :func:`kda_dhu.patch.patch` and :func:`kda_dhu.fla_backend.register_backend`
 surface before any call is routed. Tested against fla-core 0.5.2 (no ``fla.backends``:
-the patch path) and 0.6.0 (tests/test_fla_versions.py).
+the patch path) and 0.6.0 (tests/unit/test_fla_versions.py).
 """
 
 from __future__ import annotations

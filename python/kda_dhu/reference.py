@@ -40,7 +40,7 @@ bf16's 7); and, for fp32 inputs, the TF32 rounding of every fla dot.  With
 ``emulate_rounding=False`` the reference is the exact recurrence.  For float64 inputs
 both settings agree (the casts are no-ops).
 
-Checked against fla-core 0.6.0's kernel on an H200 (tests/test_reference_gpu.py),
+Checked against fla-core 0.6.0's kernel on an H200 (tests/gpu/test_reference_gpu.py),
 bf16, B2 T512 H4 K=V=128, relative error of fla's outputs against this reference
 rounded to fla's output dtypes, emulated / exact: gk dh 6.5e-5 / 1.3e-3, dh0 1.1e-4 /
 1.6e-3; no gate dh0 7.8e-5 / 1.3e-3; g dh0 5.0e-4 / 1.6e-3 (the TF32 q*exp2(g) dot).

@@ -15,9 +15,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO_ROOT
 from kda_dhu import _core
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_ROOT
 
 RS_ENTRY_POINTS = [
     f"kda_dhu_sm90_rs_k{k}_{dt}{wg}{svf}"

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 import torch
+from helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 SCRIPT = os.path.join(ROOT, "benches", "cp_check.py")
 # fla's Triton kernels (KDA forward and backward, varlen) compile and autotune on first use
 # in both ranks: about 4-5 minutes on a fresh H200 machine. KDA_DHU_CP_TIMEOUT overrides.

@@ -4,7 +4,7 @@ fla's CP KDA backward (FLACPContext over NCCL) cuts packed sequences at the rank
 boundary, gives each rank int32 ``cu_seqlens`` of its own tokens (fla's
 ``get_cp_cu_seqlens``, contiguous or zigzag layout) and its chunk table, and carries a
 non-zero dht into the sequence that continues on the next rank. NCCL will not run two
-ranks on one GPU, so this is a stand-in for the two-GPU check (tests/test_gpu_multi.py,
+ranks on one GPU, so this is a stand-in for the two-GPU check (tests/gpu/test_gpu_multi.py,
 benches/cp_check.py): each rank's stage-4 call, built by fla's own rules, against the
 float64 reference (every output, outputs poisoned), on the CPU path and on the GPU (the
 kernel, as fla's CP backward calls it: through fla's registry, with chunk_indices).

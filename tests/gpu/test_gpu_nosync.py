@@ -16,7 +16,7 @@ device-side checks of packed batches.
    Without chunk_indices, the first call on a cu_seqlens tensor synchronizes no more
    often than fla's own function. The instruments are checked first: a synchronizing
    call raises under the debug mode, and drains the sleep. fla's KDA and GDN training
-   steps: tests/test_gpu_fla_step.py.
+   steps: tests/gpu/test_gpu_fla_step.py.
 2. Packed batches under CUDA graphs: a call with fla's graph-mode tables
    (``prepare_chunk_indices_static``: zero-length padding sequences up to a fixed N, a
    fixed chunk budget, int64 or int32) is captured (one kernel launch), replayed, and
@@ -37,7 +37,7 @@ Every test leaves no device error behind (a fixture checks after each test). Exp
 on an H200, once fla's Triton kernels are compiled: ~25 s for the file (the sleeps are
 0.2 s each).
 
-    python -m pytest tests/test_gpu_nosync.py -q -m gpu
+    python -m pytest tests/gpu/test_gpu_nosync.py -q -m gpu
 """
 
 from __future__ import annotations

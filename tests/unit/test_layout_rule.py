@@ -17,7 +17,7 @@ last dim, a misaligned and an aligned storage offset, stride 0 along dim 2):
 
 Which layouts a CUDA call copies (``PreparedCall.copies``) is pinned by the Rust planner
 test ``views_are_planned_as_packed_and_named_for_a_copy`` and, on the GPU, by
-tests/test_gpu_layouts.py. A few seconds in all.
+tests/gpu/test_gpu_layouts.py. A few seconds in all.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO_ROOT
 from kda_dhu import bench
 
-RECORD = os.path.join(os.path.dirname(__file__), "..", "benches", "results", "latest.json")
+RECORD = os.path.join(REPO_ROOT, "benches", "results", "latest.json")
 
 
 def _record():

@@ -41,7 +41,7 @@ BOUNDS = {
 LENGTHS = [1, 63, 65, 128, 200, 64, 7]
 
 # name -> make_inputs arguments (B, T, H, HV, K, V, dtype, gate, extra keywords): the
-# shapes of tests/test_gpu_kernel.py.
+# shapes of tests/gpu/test_gpu_kernel.py.
 CASES = {
     "envelope_bf16_k128_v128_t320": (2, 320, 4, 4, 128, 128, BF16, "gk", {}),
     "envelope_bf16_k64_v64_t64": (2, 64, 4, 4, 64, 64, BF16, "gk", {}),

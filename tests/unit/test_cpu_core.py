@@ -6,7 +6,7 @@
 * ``mode="fla"`` against the reference with fla's two operand roundings emulated
   (``emulate_rounding=True``): what is left is fp32 accumulation order and the rounding
   of the 16-bit outputs (bounds below, per output and dtype).
-* Bad input raises what the CUDA path raises for it (tests/test_bad_input.py's table),
+* Bad input raises what the CUDA path raises for it (tests/unit/test_bad_input.py's table),
   from the same validation code; valid unusual input (views, numpy, subclasses) runs.
 
 Every run fills its outputs with NaN first (``_poison``), so an element the core does

@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 # The dh store's uniformizing loop sets P0 to true (0x7780); the dv2 store's batch row
 # then moves into UR12 under @!P0 (0x77e0): never.

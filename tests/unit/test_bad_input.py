@@ -1003,7 +1003,7 @@ def test_force_env_is_read_at_every_call(monkeypatch):
 
 def test_descriptor_cache_starts_empty_with_its_bound():
     """The cache's counters and bound as a CPU process sees them (nothing fills it without
-    a GPU; tests/test_gpu_host.py fills and clears it on one)."""
+    a GPU; tests/gpu/test_gpu_host.py fills and clears it on one)."""
     _core.tma_cache_clear()
     info = _core.tma_cache_info()
     assert info == {"hits": 0, "misses": 0, "evictions": 0, "size": 0, "capacity": _core.TMA_CACHE_CAPACITY}

@@ -16,10 +16,10 @@ graph tables).
 Where fla itself would be wrong or crash, kda-dhu fixes the input before calling it:
 strided or misaligned inputs are copied and a strided h0 is replaced (fla allocates dh0
 and dv2 with ``empty_like``, which keeps the strides, and writes them as if contiguous;
-tests/test_gpu_layouts.py); ``scale=None`` becomes K ** -0.5 (fla's function takes scale
+tests/gpu/test_gpu_layouts.py); ``scale=None`` becomes K ** -0.5 (fla's function takes scale
 from its callers). Where kda-dhu refuses what fla computes, the test says so: T = 0
 (``test_t_zero``) and, on the CPU, chunk_size < 64 with fla's chunk_indices
-(tests/test_fla_contract.py). ~10 s on an H200 once fla's kernels are compiled (K = 96,
+(tests/unit/test_fla_contract.py). ~10 s on an H200 once fla's kernels are compiled (K = 96,
 V = 96, chunk_size 32, float32 and mixed dtypes each compile fla's kernel once).
 """
 

@@ -14,8 +14,9 @@ import sys
 
 import pytest
 import torch
+from helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 SCRIPT = os.path.join(ROOT, "benches", "cp_check.py")
 
 

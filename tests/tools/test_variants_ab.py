@@ -7,8 +7,9 @@ import importlib.util
 import os
 
 import pytest
+from helpers import REPO_ROOT
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benches", "variants.py")
+SCRIPT = os.path.join(REPO_ROOT, "benches", "variants.py")
 
 
 @pytest.fixture(scope="module")

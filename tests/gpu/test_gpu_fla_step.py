@@ -22,7 +22,7 @@ its shapes): run this file where that fits (its tests carry a 600 s limit where
 pytest-timeout is installed), e.g. after the e2e stage, or deselect it from a shard run
 with a tight cap.
 
-    python -m pytest tests/test_gpu_fla_step.py -q -m gpu
+    python -m pytest tests/gpu/test_gpu_fla_step.py -q -m gpu
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ import os
 import re
 
 import pytest
+from helpers import REPO_ROOT
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+README = os.path.join(REPO_ROOT, "README.md")
 
 
 def _readme() -> str:

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 import torch
+from helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 SCRIPT = os.path.join(ROOT, "benches", "profile_driver.py")
 
 

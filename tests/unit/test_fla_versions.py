@@ -11,7 +11,7 @@ function is swapped for a stand-in with its exact signature: its Triton kernel n
 GPU), and so is the planner's verdict (it needs CUDA tensors). Skips, saying why, where
 PyPI cannot be reached. About 30 s (two downloads).
 
-    python -m pytest tests/test_fla_versions.py -q -p no:cacheprovider
+    python -m pytest tests/unit/test_fla_versions.py -q -p no:cacheprovider
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import sys
 import textwrap
 
 import pytest
+from helpers import REPO_ROOT
 from kda_dhu import _fla_compat
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 TESTS = os.path.join(ROOT, "tests")
 VERSIONS = ("0.5.2", "0.6.0")
 

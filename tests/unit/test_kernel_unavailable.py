@@ -24,11 +24,10 @@ import warnings
 import kda_dhu
 import pytest
 import torch
-from helpers import make_inputs
+from helpers import TESTS, make_inputs
 from kda_dhu import _core, _dispatch, _driver
 from kda_dhu._driver import KernelUnavailableWarning
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 REASON = (
     "kernel unavailable on cuda:0: sm_90 with CUDA driver 12.2: cuModuleLoadData(dhu_sm90 sm_90a, CUDA 13 "
     "image) failed: CUDA_ERROR_UNSUPPORTED_PTX_VERSION; that image needs a driver for CUDA 13.0 or newer (R580+)"

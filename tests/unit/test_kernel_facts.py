@@ -9,9 +9,10 @@ import pathlib
 import re
 
 import pytest
+from helpers import REPO_ROOT
 from kda_dhu import _core
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(REPO_ROOT)
 # The package under test (the source tree's, or an installed wheel's).
 PACKAGE = pathlib.Path(_core.__file__).resolve().parent
 

@@ -12,8 +12,9 @@ import sys
 import tarfile
 
 import pytest
+from helpers import REPO_ROOT
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = REPO_ROOT
 SCRIPTS = ("gpu_session.sh", "sanitize.sh", "suite_counts.py")
 
 # python3's stand-in: dispatches on the arguments as the session script passes them.

@@ -9,8 +9,9 @@ import json
 import os
 
 import pytest
+from helpers import REPO_ROOT
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benches", "host_overhead.py")
+SCRIPT = os.path.join(REPO_ROOT, "benches", "host_overhead.py")
 
 
 @pytest.fixture(scope="module")

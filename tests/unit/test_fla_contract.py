@@ -34,7 +34,7 @@ def test_a_packed_batch_of_32_token_chunks_validates(rng):
 
 def test_t_zero_is_refused_by_name(rng):
     """T = 0: fla's function computes it (no chunks: dh0 = dht, dv2 empty); kda-dhu's
-    validation refuses it, naming q (tests/test_gpu_fallback.py accepts either)."""
+    validation refuses it, naming q (tests/gpu/test_gpu_fallback.py accepts either)."""
     a = make_inputs(2, 0, 2, 2, 128, 64, torch.bfloat16, "gk", generator=rng)
     with pytest.raises(ValueError, match=r"^q: expected T >= 1"):
         _core.validate(**a)

@@ -8,9 +8,10 @@ import json
 import os
 
 import pytest
+from helpers import REPO_ROOT
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benches", "e2e.py")
-RECORD = os.path.join(os.path.dirname(__file__), "..", "benches", "results", "e2e-latest.json")
+SCRIPT = os.path.join(REPO_ROOT, "benches", "e2e.py")
+RECORD = os.path.join(REPO_ROOT, "benches", "results", "e2e-latest.json")
 
 
 @pytest.fixture(scope="module")
