@@ -230,7 +230,8 @@ def _child(code: str, env_extra: dict, *args: str, timeout: int = 300) -> subpro
         if k not in ("KDA_DHU_IMAGE", "KDA_DHU_IMAGE_FILE", "KDA_DHU_FORCE")
     }
     env.update(env_extra)
-    env["PYTHONPATH"] = os.pathsep.join([TESTS, env.get("PYTHONPATH", "")])
+    # helpers (tests/) and the GPU tests' checks (tests/gpu/test_gpu_kernel.py) importable
+    env["PYTHONPATH"] = os.pathsep.join([TESTS, os.path.join(TESTS, "gpu"), env.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
