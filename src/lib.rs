@@ -466,53 +466,6 @@ fn py_prepare<'py>(
     Ok((ok, reason, call))
 }
 
-/// `prepare`'s verdict alone: (True, "kernel-sm90a") or (False, reason). Raises as `prepare`.
-#[pyfunction]
-#[pyo3(name = "plan", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, nt=None))]
-#[allow(clippy::too_many_arguments)]
-fn py_plan<'py>(
-    py: Python<'py>,
-    rule: &str,
-    q: &Bound<'py, PyAny>,
-    k: &Bound<'py, PyAny>,
-    w: &Bound<'py, PyAny>,
-    r#do: &Bound<'py, PyAny>,
-    dv: &Bound<'py, PyAny>,
-    g: Option<&Bound<'py, PyAny>>,
-    gk: Option<&Bound<'py, PyAny>>,
-    h0: Option<&Bound<'py, PyAny>>,
-    dht: Option<&Bound<'py, PyAny>>,
-    scale: Option<&Bound<'py, PyAny>>,
-    state_v_first: Arg<'py>,
-    cu_seqlens: Option<&Bound<'py, PyAny>>,
-    chunk_size: Arg<'py>,
-    chunk_indices: Option<&Bound<'py, PyAny>>,
-    chunk_offsets: Option<&Bound<'py, PyAny>>,
-    nt: Option<i64>,
-) -> PyResult<(bool, String)> {
-    let (ok, reason, _) = py_prepare(
-        py,
-        rule,
-        q,
-        k,
-        w,
-        r#do,
-        dv,
-        g,
-        gk,
-        h0,
-        dht,
-        scale,
-        state_v_first,
-        cu_seqlens,
-        chunk_size,
-        chunk_indices,
-        chunk_offsets,
-        nt,
-    )?;
-    Ok((ok, reason))
-}
-
 /// The outputs through DLPack.
 fn outputs(dh: &Bound<'_, PyAny>, dh0: Option<&Bound<'_, PyAny>>, dv2: &Bound<'_, PyAny>) -> error::Result<Outputs> {
     Ok(Outputs {
@@ -849,7 +802,6 @@ fn kernel_image(ordinal: i32) -> PyResult<Option<String>> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_validate, m)?)?;
     m.add_function(wrap_pyfunction!(py_prepare, m)?)?;
-    m.add_function(wrap_pyfunction!(py_plan, m)?)?;
     m.add_function(wrap_pyfunction!(check_tables, m)?)?;
     m.add_function(wrap_pyfunction!(check_input_errors, m)?)?;
     m.add_function(wrap_pyfunction!(force, m)?)?;

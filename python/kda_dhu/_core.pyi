@@ -127,27 +127,6 @@ def prepare(
     bad packed batch a kernel on that device found since the last call (``check_input_errors``).
     """
 
-def plan(
-    rule: str,
-    q: Tensor,
-    k: Tensor,
-    w: Tensor,
-    do: Tensor,
-    dv: Tensor,
-    g: Tensor | None = None,
-    gk: Tensor | None = None,
-    h0: Tensor | None = None,
-    dht: Tensor | None = None,
-    scale: float | None = None,
-    state_v_first: bool = False,
-    cu_seqlens: Tensor | None = None,
-    chunk_size: int = 64,
-    chunk_indices: Tensor | None = None,
-    chunk_offsets: Tensor | None = None,
-    nt: int | None = None,
-) -> tuple[bool, str]:
-    """``prepare``'s verdict alone. Raises as ``prepare``."""
-
 def run(
     rule: str,
     q: Tensor,

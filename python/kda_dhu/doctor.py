@@ -177,7 +177,7 @@ def _kernel_on(index: int) -> str:
     device = f"cuda:{index}"
     a = bench.make_inputs(1, 64, 1, 1, 128, 64, torch.bfloat16, "gk", device=device)
     with torch.cuda.device(index):
-        ok, reason = _dispatch._core.plan(
+        ok, reason, _ = _dispatch._core.prepare(
             "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], gk=a["gk"], h0=a["h0"], dht=a["dht"]
         )
     return reason if ok else f"no kernel: fla's function runs ({reason})"

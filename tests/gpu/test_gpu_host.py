@@ -126,7 +126,7 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
         return run_kernel(a, poison=True)
 
     def capable(a):
-        return _core.plan(
+        return _core.prepare(
             "capable",
             a["q"],
             a["k"],

@@ -768,7 +768,7 @@ def test_prepare_and_plan_raise_the_same(case: Bad):
     """The planner (and the prepared call of the kernel path) validate first: the same error."""
     kw = case.make()
     snap = _snapshot(kw)
-    for fn in (_core.plan, _core.prepare):
+    for fn in (_core.prepare,):
         with pytest.raises(case.exc, match=case.match):
             fn("extended", **kw)
     _assert_unchanged(kw, snap)
@@ -916,14 +916,12 @@ def test_valid_cpu_input_runs_on_the_cpu_and_stops_at_the_kernels_device_check(m
         ok, reason = kda_dhu.plan_call(**kw)
         assert ok is False and reason.startswith("cpu: "), reason
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
-        _core.plan("capable", **kw)
-    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
         _core.prepare("capable", **kw)
     _assert_unchanged(kw, snap)
 
 
 def test_plan_rule_names_the_choices():
-    for fn in (_core.plan, _core.prepare):
+    for fn in (_core.prepare,):
         with pytest.raises(
             ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable', got \"fast\"$"
         ):
@@ -1123,10 +1121,10 @@ cases = {
 }
 out = {}
 for name, over in cases.items():
-    fn = core.plan if name.endswith("(plan)") else core.validate
-    args = ("extended",) if fn is core.plan else ()
+    fn = core.prepare if name.endswith("(plan)") else core.validate
+    args = ("extended",) if fn is core.prepare else ()
     kw = {**base(), **over}
-    if fn is core.plan:  # every tensor on "cuda:0" except the one under test
+    if fn is core.prepare:  # every tensor on "cuda:0" except the one under test
         kw = {k: (v if k in over else Producer(list(v.shape), code=(4 if v.dtype == torch.bfloat16 else 2),
                                                  bits=(16 if v.dtype == torch.bfloat16 else 32), device=(2, 0)))
               for k, v in kw.items()}

@@ -71,7 +71,6 @@ def _text_names(fn) -> list[str]:
     [
         ("run", ["rule"], []),
         ("prepare", ["rule"], ["nt"]),
-        ("plan", ["rule"], ["nt"]),
         ("validate", [], []),
         ("launch", [], ["dh", "dh0", "dv2", "stream"]),
         ("cpu_bwd_dhu", ["mode"], ["poison", "check_only"]),
