@@ -80,8 +80,9 @@ def _versions(out) -> None:
     _line(out, "triton", triton or "not installed")
 
 
-# An absolute path in the build log, up to a space, comma, semicolon or bracket.
-_PATH = re.compile(r"(?<![\w.])/[^\s,;()]+")
+# An absolute path in the build log, up to a space, comma, semicolon or bracket (not the
+# tail after GONE's closing ">", which is shown in place of a path that is gone).
+_PATH = re.compile(r"(?<![\w.>])/[^\s,;()]+")
 GONE = "<build-time path, not on this machine>"
 
 

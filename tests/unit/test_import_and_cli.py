@@ -263,6 +263,9 @@ def test_build_log_line_marks_a_path_that_is_gone(tmp_path):
     shown = doctor.build_log_line(line)
     assert "/nonexistent-build-env" not in shown
     assert f"{doctor.GONE}/nvidia/cu13/bin/nvcc (release 13.0, V13.0.88)" in shown
+    # The marked tail is not read back as a path (test_doctor_prints_no_path_that_is_gone
+    # looks for paths as the doctor does: on a machine whose build folder is gone).
+    assert [m.group(0) for m in doctor._PATH.finditer(shown)] == []
     here = str(tmp_path)
     assert doctor.build_log_line(f"cutlass include: {here}") == f"cutlass include: {here}"
     assert doctor.build_log_line("cutlass include: /nonexistent-x/a/include") == (
