@@ -24,6 +24,10 @@ import statistics
 import sys
 import time
 
+# benches/ on the path: bench.py's record tools (git_commit, write_record), also where
+# this file is loaded by path (the tests).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import torch
 
 TARGET_S = 5.0
@@ -115,7 +119,7 @@ def main(argv=None) -> int:
 
     import kda_dhu
     import numpy
-    from kda_dhu.bench import git_commit
+    from bench import git_commit
 
     shapes = SHAPES[:1] if args.target_only else SHAPES
     modes = ("float64", "fla")

@@ -75,6 +75,10 @@ import sys
 import time
 import traceback
 
+# benches/ on the path: bench.py's record tools (git_commit, write_record), also where
+# this file is loaded by path (the tests).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 # The backend switch (FLA_KDA_DHU) and the kernel-launch / verdict probe, shared with
 # benches/cp_check.py.
 from kda_dhu.testing import BACKEND_ENV, KernelProbe, restored_backend
@@ -782,8 +786,8 @@ def main(argv=None) -> int:
         return 2
     import fla
     import kda_dhu
+    from bench import git_commit, write_record
     from kda_dhu import fla_backend
-    from kda_dhu.bench import git_commit, write_record
 
     usable, why = kda_dhu.cuda_status()
     if not usable:

@@ -26,9 +26,9 @@ Modes (the columns):
                 allocated once: fla's own dispatch cost (the kernel-route baseline)
   fla_raw       fla's undecorated function (kda_dhu.fla_function()): no dispatch wrapper
 
-Steps (the kernel route's call taken apart; GPU only): _core.validate, _core.prepare,
-_core.run (one crossing: read, validate, plan, allocate, launch), PreparedCall.run,
-PreparedCall.launch (outputs given), _core.launch (stateless), _dispatch.verify (the fla
+Steps (the kernel route's call taken apart; GPU only): _core.validate, _core.decide,
+_core.run (one crossing: read, validate, decide, allocate, launch), Call.run,
+Call.launch (outputs given), _core.launch (stateless), _dispatch.verify (the fla
 backend's verdict), _core.force, torch.empty x 3 (the outputs' allocation alone).
 
 Measurement: every (route, mode) cell and every step is a batch of --calls calls, timed
@@ -72,6 +72,10 @@ import sys
 import time
 import warnings
 
+# benches/ on the path: bench.py's record tools (git_commit, write_record), also where
+# this file is loaded by path (the tests).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 from kda_dhu.fla_backend import ENV_VAR as BACKEND_ENV  # FLA_KDA_DHU, read by fla on every call
 
 ROUTES = {
@@ -86,16 +90,16 @@ VARLEN_LENGTHS = [100, 37, 250, 125]
 MODES = ("direct", "registry", "fla_off", "null_reject", "null_accept", "fla_raw")
 STEPS = (
     "validate",
-    "prepare",
+    "decide",
     "run (one crossing)",
-    "PreparedCall.run",
-    "PreparedCall.launch",
+    "Call.run",
+    "Call.launch",
     "launch (stateless)",
     "verify",
     "force",
     "torch.empty x3",
     "fla route: validate",
-    "fla route: prepare",
+    "fla route: decide",
     "fla route: verify",
     "fla route: direct",
     "fla route: fla_raw",
@@ -264,10 +268,10 @@ def step_fns(call: dict, device: str) -> dict:
             torch.empty_like(dv),
         )
         return fns
-    ok, reason, prepared = _core.prepare("extended", **call)
-    if not ok:
-        raise RuntimeError(f"the planner sends the kernel route to fla: {reason}")
-    dh_shape, dh0_shape, dv2_shape = prepared.out_shapes()
+    decided = _core.decide("extended", **call)
+    if decided.action != "kernel":
+        raise RuntimeError(f"the planner sends the kernel route to fla: {decided.reason}")
+    dh_shape, dh0_shape, dv2_shape = decided.out_shapes()
     dh = torch.empty(dh_shape, dtype=call["q"].dtype, device=device)
     dh0 = torch.empty(dh0_shape, dtype=torch.float32, device=device)
     dv2 = torch.empty(dv2_shape, dtype=call["dv"].dtype, device=device)
@@ -276,35 +280,15 @@ def step_fns(call: dict, device: str) -> dict:
     f = route_call("fla_halfwave", device)
     fns.update(
         {
-            "prepare": lambda: _core.prepare("extended", **c),
+            "decide": lambda: _core.decide("extended", **c),
             "run (one crossing)": lambda: _core.run("extended", **c),
-            "PreparedCall.run": prepared.run,
-            "PreparedCall.launch": lambda: prepared.launch(dh, dh0, dv2, stream),
-            "launch (stateless)": lambda: _core.launch(
-                c["q"],
-                c["k"],
-                c["w"],
-                c["do"],
-                c["dv"],
-                None,
-                c["gk"],
-                c["h0"],
-                c["dht"],
-                c["scale"],
-                False,
-                None,
-                64,
-                None,
-                None,
-                dh,
-                dh0,
-                dv2,
-                stream,
-            ),
+            "Call.run": decided.run,
+            "Call.launch": lambda: decided.launch(dh, dh0, dv2, stream),
+            "launch (stateless)": lambda: _core.launch(**c, dh=dh, dh0=dh0, dv2=dv2, stream=stream),
             "verify": lambda: _dispatch.verify(**c),
             # where a call the planner sends to fla spends its host time (fla_halfwave)
             "fla route: validate": lambda: _core.validate(**f),
-            "fla route: prepare": lambda: _core.prepare("extended", **f),
+            "fla route: decide": lambda: _core.decide("extended", **f),
             "fla route: verify": lambda: _dispatch.verify(**f),
             "fla route: direct": lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**f),
             "fla route: fla_raw": lambda: kda_dhu.fla_function()(**f),
@@ -327,8 +311,8 @@ def expected_launches(route: str, mode: str) -> int | None:
 
 STEP_LAUNCHES = {
     "run (one crossing)": 1,
-    "PreparedCall.run": 1,
-    "PreparedCall.launch": 1,
+    "Call.run": 1,
+    "Call.launch": 1,
     "launch (stateless)": 1,
 }
 
@@ -562,7 +546,7 @@ def cut_fla_autotune(n: int) -> int:
     autotuners were cut."""
     if n <= 0:
         return 0
-    from kda_dhu import bench
+    from kda_dhu import _measure as bench
 
     tuners = bench.fla_stage4_autotuners()
     for t in tuners:
@@ -574,8 +558,8 @@ def run(args) -> tuple:
     """Measures and returns (record, exit status)."""
     import kda_dhu
     import torch
+    from bench import git_commit
     from kda_dhu import _core, fla_backend
-    from kda_dhu.bench import git_commit
 
     dry = args.dry_run
     device = "cpu" if dry else "cuda"
@@ -754,7 +738,7 @@ def main(argv=None) -> int:
     table = markdown_table(record)
     print(table, end="")
     if args.out:
-        from kda_dhu.bench import write_record
+        from bench import write_record
 
         write_record(record, args.out, table, prefix="host-", with_commit=True)
         print(f"wrote {args.out}/host-latest.json")

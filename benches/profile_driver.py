@@ -20,14 +20,14 @@ import sys
 
 def main(argv=None) -> int:
     os.environ.setdefault("KDA_DHU_NO_AUTOREGISTER", "1")
-    from kda_dhu import bench
+    from kda_dhu import _measure as bench
 
     names = [r[0] for r in bench.SHAPES]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--shapes",
         default="b4_t8192_h16,b8_t4096_h32,prod8192",
-        help="comma-separated names of the bench table (kda_dhu.bench.SHAPES)",
+        help="comma-separated names of the bench table (kda_dhu._measure.SHAPES)",
     )
     ap.add_argument("--nwg", choices=("1", "2"), default=None, help="force the warpgroups per CTA")
     ap.add_argument("--warmup", type=int, default=3, help="launches before the profiled one")

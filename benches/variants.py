@@ -13,11 +13,11 @@ A variant is one of:
   NAME=VALUE     explicit settings, several joined by '+' (KDA_DHU_SM90_NWG=2+KDA_DHU_SM90_VARIANT=regstate).
 Variants are separated by commas or spaces. A switch a variant does not set is unset for it.
 
-Each shape (rows of kda_dhu.bench.SHAPES plus EXTRA below) runs the kernel directly
+Each shape (rows of kda_dhu._measure.SHAPES plus EXTRA below) runs the kernel directly
 (kda_dhu.testing.run_kernel: the planner's "capable" rule, past its policy, so a variant
 the planner would not pick is still timed). Per variant: the largest relative error of dh,
 dh0, dv2 against fla's output (over --tol, or non-finite, fails the run), and the GPU time
-(kda_dhu.bench.time_ms: each call queued behind a sleep kernel, median of --reps) in each of
+(kda_dhu._measure.time_ms: each call queued behind a sleep kernel, median of --reps) in each of
 --rounds rounds, the variants' order rotated per round; the row's figure is the median of
 the rounds. --fla-time also times fla (its stage-4 autotuning redone for the row, as the
 benchmark does); without it fla's autotuner keeps one config (one compile, no tuning: fla's
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         variants = parse_variants(args.variants, args.switch)
     except ValueError as err:
         ap.error(str(err))
-    from kda_dhu import bench
+    from kda_dhu import _measure as bench
 
     rows = bench.SHAPES + EXTRA
     if args.shapes:

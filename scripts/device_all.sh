@@ -7,7 +7,7 @@
 # Logs come back as $OUT/logs.tgz.
 #   run(command="bash scripts/device_all.sh [pytest -k expr]", carry=[".carry"])
 # Environment: SHARDS (4), TEST_PATHS (tests: the GPU tests collected), PHASE1_TIMEOUT (330 s), BENCH_TIMEOUT (220 s), SKIP_SAN=1,
-# SKIP_BENCH=1, SKIP_TESTS=1, E2E=1 (+E2E_ARGS, E2E_DEVICE), CP=1 (+CP_ARGS), BENCH_CMD (python3 -m kda_dhu.bench), BENCH_ARGS (--all).
+# SKIP_BENCH=1, SKIP_TESTS=1, E2E=1 (+E2E_ARGS, E2E_DEVICE), CP=1 (+CP_ARGS), BENCH_CMD (python3 benches/bench.py), BENCH_ARGS (--all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -66,7 +66,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   # shellcheck disable=SC2086
-  timeout --kill-after=10 "${BENCH_TIMEOUT:-220}" ${BENCH_CMD:-python3 -m kda_dhu.bench} ${BENCH_ARGS:---all} --out "$OUT" > "$RES/bench.log" 2>&1 || rc=1
+  timeout --kill-after=10 "${BENCH_TIMEOUT:-220}" ${BENCH_CMD:-python3 benches/bench.py} ${BENCH_ARGS:---all} --out "$OUT" > "$RES/bench.log" 2>&1 || rc=1
   stamp "bench done"; grep -v "it/s\|s/it" "$RES/bench.log" | tail -n 20
 fi
 (cd "$RES" && tar czf "$OUT/logs.tgz" .)

@@ -28,6 +28,6 @@ if [ "$mode" != bench ]; then
   rc=${PIPESTATUS[0]}
 fi
 if [ "$mode" != tests ]; then
-  python3 -m kda_dhu.bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" || rc=1
+  python3 benches/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" || rc=1
 fi
 exit $rc

@@ -24,7 +24,7 @@
 #             each in the summary (MAIN_ARGS: extra arguments)
 #   host      benches/host_overhead.py (HOST_ARGS)            -> host-latest.json
 #   e2e       benches/e2e.py (E2E_ARGS)                       -> e2e-latest.json
-#   bench     python -m kda_dhu.bench (BENCH_ARGS, default --all; BENCH_SHAPES=a,b for a subset)
+#   bench     python benches/bench.py (BENCH_ARGS, default --all; BENCH_SHAPES=a,b for a subset)
 #                                                             -> bench-latest.json
 #   ab        benches/variants.py: AB_VARIANTS (default "default regstate"), the switch AB_SWITCH
 #             (default KDA_DHU_SM90_VARIANT), AB_SHAPES (a default subset), AB_ARGS -> variants.json
@@ -299,7 +299,7 @@ stage_bench() {
   local args=${BENCH_ARGS:---all}
   [ -n "${BENCH_SHAPES:-}" ] && args="--shapes $BENCH_SHAPES"
   # shellcheck disable=SC2086
-  timed bench python3 -m kda_dhu.bench $args --out "$RES/bench"
+  timed bench python3 benches/bench.py $args --out "$RES/bench"
   [ -f "$RES/bench/bench.log" ] && DETAIL[bench]="$(grep -cE "^\[[0-9]+/[0-9]+\]" "$RES/bench/bench.log") row(s)"
 }
 

@@ -14,7 +14,7 @@ does not).
 
 Then the bad packed batches of ``kda_dhu.testing.BAD_BATCHES`` (cu_seqlens[0] != 0,
 decreasing, past T, a wrong chunk_offsets table, chunks past NT, garbage int32 and int64
-values), each launched through ``_core.prepare`` + ``PreparedCall.launch`` into outputs of
+values), each launched through ``_core.decide`` + ``Call.launch`` into outputs of
 their exact size (every allocation its own cudaMalloc: memcheck sees a store outside
 them): the failing sequence's outputs must be NaN where its entries bound them, the other
 sequences' must match the reference of the good batch, and ``kda_dhu.check_errors()`` must
@@ -202,7 +202,7 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     return ", ".join(parts)
 
 
-# _core.prepare's positional arguments after the rule (fla's order)
+# _core.decide's positional arguments after the rule (fla's order)
 POS = (
     "q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
     "chunk_indices", "chunk_offsets",
@@ -245,7 +245,8 @@ def run_bad_case(name: str, good: dict, ref) -> str:
         else torch.tensor(bad["chunk_offsets"], dtype=index, device="cuda")
     )
     a = dict(good, cu_seqlens=cu, chunk_indices=good["chunk_indices"][: bad["nt"]], chunk_offsets=co)
-    ok, reason, call = _core.prepare("capable", *(a.get(k) for k in POS))
+    call = _core.decide("capable", *(a.get(k) for k in POS))
+    ok, reason = call.verdict
     if not ok:
         raise AssertionError(f"bad_{name}: the kernel does not take the call: {reason}")
     dh_shape, dh0_shape, dv2_shape = call.out_shapes()

@@ -1,7 +1,8 @@
 //! The one error type of the host core. Every message names the argument and what was
 //! expected; `lib.rs` maps the kinds to Python exceptions in one place:
 //! TypeError for `NotTensor` / `Dtype` / `Type`, ValueError for `Shape` / `Layout` / `Value` /
-//! `Device` / `NotPlanned`, RuntimeError for `NoDriver` / `Cuda` / `Internal`, and
+//! `Device` / `NotPlanned`, RuntimeError for `NoDriver` / `Cuda` / `Forced` /
+//! `Internal`, and
 //! `kda_dhu._core.KernelUnavailableError` (a RuntimeError) for `Unavailable`.
 
 use std::fmt;
@@ -31,6 +32,9 @@ pub enum Error {
     /// This driver or GPU cannot run the kernel image (KernelUnavailableError): not a bug,
     /// the device's calls go to fla. `reason` names the driver and what is needed.
     Unavailable { ordinal: i32, reason: String },
+    /// `KDA_DHU_FORCE=kernel` on a call the kernel cannot compute; the planner's reason
+    /// (RuntimeError).
+    Forced(String),
     /// A bug: a panic caught at the Python boundary, an impossible state (RuntimeError).
     Internal(String),
 }
@@ -59,7 +63,7 @@ impl Error {
             | Error::Value { .. }
             | Error::Device { .. }
             | Error::NotPlanned(_) => PyKind::ValueError,
-            Error::NoDriver | Error::Cuda { .. } | Error::Internal(_) => PyKind::RuntimeError,
+            Error::NoDriver | Error::Cuda { .. } | Error::Forced(_) | Error::Internal(_) => PyKind::RuntimeError,
             Error::Unavailable { .. } => PyKind::Unavailable,
         }
     }
@@ -102,6 +106,9 @@ impl fmt::Display for Error {
             Error::NoDriver => write!(f, "no CUDA driver (libcuda) found"),
             Error::Cuda { what, code } => write!(f, "{what} failed: {code}"),
             Error::Unavailable { ordinal, reason } => write!(f, "{UNAVAILABLE_PREFIX}{ordinal}: {reason}"),
+            Error::Forced(reason) => {
+                write!(f, "{}=kernel, but the kernel cannot run this call: {reason}", crate::env::FORCE)
+            }
             Error::Internal(msg) => write!(f, "kda_dhu internal error: {msg}"),
         }
     }

@@ -16,6 +16,7 @@
 
 pub mod abi;
 pub mod cpu;
+pub mod decide;
 pub mod driver;
 pub mod env;
 pub mod error;
@@ -32,7 +33,7 @@ pub mod validate;
 pub mod varlen;
 
 use error::{Error, PyKind};
-use plan::Rule;
+use plan::{Plan, Rule};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tensor::TensorMeta;
@@ -159,98 +160,175 @@ fn state_v_first_arg(arg: &Arg<'_>) -> error::Result<bool> {
     let Some(o) = arg.0.as_ref().filter(|o| !o.is_none()) else { return Ok(false) };
     o.extract::<bool>().map_err(|_| Error::type_("state_v_first", format!("expected a bool, got {}", py_type_name(o))))
 }
-
-/// fla's arguments, read through DLPack (the signature order of
-/// `chunk_gated_delta_rule_bwd_dhu`). `nt`: dh's chunk count of a packed batch when the
-/// caller knows it without chunk_indices.
-#[allow(clippy::too_many_arguments)]
-fn call_args(
-    q: &Bound<'_, PyAny>,
-    k: &Bound<'_, PyAny>,
-    w: &Bound<'_, PyAny>,
-    do_: &Bound<'_, PyAny>,
-    dv: &Bound<'_, PyAny>,
-    g: Option<&Bound<'_, PyAny>>,
-    gk: Option<&Bound<'_, PyAny>>,
-    h0: Option<&Bound<'_, PyAny>>,
-    dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<&Bound<'_, PyAny>>,
-    state_v_first: &Arg<'_>,
-    cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: &Arg<'_>,
-    chunk_indices: Option<&Bound<'_, PyAny>>,
-    chunk_offsets: Option<&Bound<'_, PyAny>>,
-    nt: Option<i64>,
-) -> error::Result<CallArgs> {
-    // Scalars first: a bad scalar is reported even when the tensors are fine.
-    let scale = scale_arg(scale)?;
-    let state_v_first = state_v_first_arg(state_v_first)?;
-    let chunk_size = chunk_size_arg(chunk_size)?;
-    // fla ignores chunk_indices and chunk_offsets without cu_seqlens; so do we (not read).
-    let varlen = cu_seqlens.is_some_and(|c| !c.is_none());
-    Ok(CallArgs {
-        q: TensorMeta::from_py(q, "q")?,
-        k: TensorMeta::from_py(k, "k")?,
-        w: TensorMeta::from_py(w, "w")?,
-        do_: TensorMeta::from_py(do_, "do")?,
-        dv: TensorMeta::from_py(dv, "dv")?,
-        g: TensorMeta::from_py_opt(g, "g")?,
-        gk: TensorMeta::from_py_opt(gk, "gk")?,
-        h0: TensorMeta::from_py_opt(h0, "h0")?,
-        dht: TensorMeta::from_py_opt(dht, "dht")?,
-        scale,
-        state_v_first,
-        cu_seqlens: TensorMeta::from_py_opt(cu_seqlens, "cu_seqlens")?,
-        chunk_size,
-        chunk_indices: if varlen { TensorMeta::from_py_opt(chunk_indices, "chunk_indices")? } else { None },
-        chunk_offsets: if varlen { TensorMeta::from_py_opt(chunk_offsets, "chunk_offsets")? } else { None },
-        nt: if varlen { nt } else { None },
-    })
+/// fla's arguments of one call as Python objects, in the order of `validate::ARGUMENTS`
+/// (use_graph, which changes only where the outputs live, apart): what `op_pyfunction!`
+/// hands every entry point.
+pub(crate) struct OpObjects<'a, 'py> {
+    pub q: &'a Bound<'py, PyAny>,
+    pub k: &'a Bound<'py, PyAny>,
+    pub w: &'a Bound<'py, PyAny>,
+    pub do_: &'a Bound<'py, PyAny>,
+    pub dv: &'a Bound<'py, PyAny>,
+    pub g: Option<&'a Bound<'py, PyAny>>,
+    pub gk: Option<&'a Bound<'py, PyAny>>,
+    pub h0: Option<&'a Bound<'py, PyAny>>,
+    pub dht: Option<&'a Bound<'py, PyAny>>,
+    pub scale: Option<&'a Bound<'py, PyAny>>,
+    pub state_v_first: &'a Arg<'py>,
+    pub cu_seqlens: Option<&'a Bound<'py, PyAny>>,
+    pub chunk_size: &'a Arg<'py>,
+    pub chunk_indices: Option<&'a Bound<'py, PyAny>>,
+    pub chunk_offsets: Option<&'a Bound<'py, PyAny>>,
 }
 
-/// Validates a call like fla's `chunk_gated_delta_rule_bwd_dhu` would take it, without
-/// the device check (works on CPU tensors). Raises TypeError / ValueError; returns None.
-#[pyfunction]
-#[pyo3(name = "validate", signature = (q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None))]
-#[allow(clippy::too_many_arguments)]
-fn py_validate(
-    q: &Bound<'_, PyAny>,
-    k: &Bound<'_, PyAny>,
-    w: &Bound<'_, PyAny>,
-    r#do: &Bound<'_, PyAny>,
-    dv: &Bound<'_, PyAny>,
-    g: Option<&Bound<'_, PyAny>>,
-    gk: Option<&Bound<'_, PyAny>>,
-    h0: Option<&Bound<'_, PyAny>>,
-    dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<&Bound<'_, PyAny>>,
-    state_v_first: Arg<'_>,
-    cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: Arg<'_>,
-    chunk_indices: Option<&Bound<'_, PyAny>>,
-    chunk_offsets: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    guard(|| {
-        let a = call_args(
-            q,
-            k,
-            w,
-            r#do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
+/// A `#[pyfunction]` taking fla's arguments of the op (`validate::ARGUMENTS`, use_graph
+/// aside) after its own leading parameters and before its trailing ones: the one place
+/// that spells them as PyO3 parameters. The body sees them as `$op: OpObjects`.
+/// `tests/unit/test_op_arguments.py` checks each compiled signature against ARGUMENTS.
+macro_rules! op_pyfunction {
+    (
+        $(#[doc = $doc:literal])*
+        #[name = $py_name:literal]
+        fn $name:ident<$lt:lifetime>($py:ident $(, $lead:ident: $lead_ty:ty)* ; $op:ident $(; $($tail:ident: $tail_ty:ty),*)?)
+            signature_tail($($sig:tt)*) -> $ret:ty $body:block
+    ) => {
+        $(#[doc = $doc])*
+        #[pyfunction]
+        #[pyo3(name = $py_name, signature = ($($lead,)* q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None $($sig)*))]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn $name<$lt>(
+            $py: Python<$lt>,
+            $($lead: $lead_ty,)*
+            q: &Bound<$lt, PyAny>,
+            k: &Bound<$lt, PyAny>,
+            w: &Bound<$lt, PyAny>,
+            r#do: &Bound<$lt, PyAny>,
+            dv: &Bound<$lt, PyAny>,
+            g: Option<&Bound<$lt, PyAny>>,
+            gk: Option<&Bound<$lt, PyAny>>,
+            h0: Option<&Bound<$lt, PyAny>>,
+            dht: Option<&Bound<$lt, PyAny>>,
+            scale: Option<&Bound<$lt, PyAny>>,
+            state_v_first: $crate::Arg<$lt>,
+            cu_seqlens: Option<&Bound<$lt, PyAny>>,
+            chunk_size: $crate::Arg<$lt>,
+            chunk_indices: Option<&Bound<$lt, PyAny>>,
+            chunk_offsets: Option<&Bound<$lt, PyAny>>,
+            $($($tail: $tail_ty),*)?
+        ) -> $ret {
+            let $op = $crate::OpObjects {
+                q, k, w, do_: r#do, dv, g, gk, h0, dht, scale,
+                state_v_first: &state_v_first, cu_seqlens, chunk_size: &chunk_size, chunk_indices, chunk_offsets,
+            };
+            let _ = &$py;
+            $body
+        }
+    };
+}
+pub(crate) use op_pyfunction;
+
+impl<'py> OpObjects<'_, 'py> {
+    /// The call read through DLPack. `nt`: dh's chunk count of a packed batch when the
+    /// caller knows it without chunk_indices.
+    pub fn args(&self, nt: Option<i64>) -> error::Result<CallArgs> {
+        // Scalars first: a bad scalar is reported even when the tensors are fine.
+        let scale = scale_arg(self.scale)?;
+        let state_v_first = state_v_first_arg(self.state_v_first)?;
+        let chunk_size = chunk_size_arg(self.chunk_size)?;
+        // fla ignores chunk_indices and chunk_offsets without cu_seqlens; so do we (not read).
+        let varlen = self.cu_seqlens.is_some_and(|c| !c.is_none());
+        Ok(CallArgs {
+            q: TensorMeta::from_py(self.q, "q")?,
+            k: TensorMeta::from_py(self.k, "k")?,
+            w: TensorMeta::from_py(self.w, "w")?,
+            do_: TensorMeta::from_py(self.do_, "do")?,
+            dv: TensorMeta::from_py(self.dv, "dv")?,
+            g: TensorMeta::from_py_opt(self.g, "g")?,
+            gk: TensorMeta::from_py_opt(self.gk, "gk")?,
+            h0: TensorMeta::from_py_opt(self.h0, "h0")?,
+            dht: TensorMeta::from_py_opt(self.dht, "dht")?,
             scale,
-            &state_v_first,
-            cu_seqlens,
-            &chunk_size,
-            chunk_indices,
-            chunk_offsets,
-            None,
-        )?;
-        validate::validate(&a, false).map(|_| ())
-    })
+            state_v_first,
+            cu_seqlens: TensorMeta::from_py_opt(self.cu_seqlens, "cu_seqlens")?,
+            chunk_size,
+            chunk_indices: if varlen { TensorMeta::from_py_opt(self.chunk_indices, "chunk_indices")? } else { None },
+            chunk_offsets: if varlen { TensorMeta::from_py_opt(self.chunk_offsets, "chunk_offsets")? } else { None },
+            nt: if varlen { nt } else { None },
+        })
+    }
+
+    /// The tensor arguments (None where not passed).
+    fn tensors(&self) -> [Option<&Bound<'py, PyAny>>; 12] {
+        [
+            Some(self.q),
+            Some(self.k),
+            Some(self.w),
+            Some(self.do_),
+            Some(self.dv),
+            self.g,
+            self.gk,
+            self.h0,
+            self.dht,
+            self.cu_seqlens,
+            self.chunk_indices,
+            self.chunk_offsets,
+        ]
+    }
+
+    /// Every tensor argument a plain torch.Tensor (or None). Another object (a subclass,
+    /// an array of another library) is read through its own __dlpack__, which the Python
+    /// layer calls under the inputs' device (torch exports only from the current one).
+    fn all_plain(&self) -> bool {
+        self.tensors().into_iter().all(|t| t.is_none_or(|t| t.is_none() || tensor::is_plain_tensor(t)))
+    }
+
+    /// The decision of the call under `rule` and `sw`: validated (device included; host
+    /// inputs as the CPU path validates them), planned once.
+    fn decide(&self, rule: &str, nt: Option<i64>, sw: decide::Switches) -> PyResult<PyCall> {
+        let (decision, prepared) = guard(|| {
+            let rule = parse_rule(rule)?;
+            let a = self.args(nt)?;
+            if a.q.device.is_host() {
+                py_cpu::check_fla(&a)?;
+                // What a launch of it would raise: the device check, naming the input.
+                let not_on_device = validate::validate(&a, true).err();
+                return Ok((decide::Decision::cpu(), Err(not_on_device)));
+            }
+            let (mut prepared, planned) = launch::Prepared::new(a, rule)?;
+            let facts = decide::Facts {
+                copies: prepared.desc.copies(),
+                nt: prepared.desc.nt,
+                varlen: prepared.desc.varlen(),
+                unavailable: prepared.unavailable.clone(),
+            };
+            let decision = decide::Decision::on_device(facts, planned, || prepared.replan(Rule::Capable), sw)?;
+            // What the launch runs: the decision's kernel (the capable plan's under
+            // KDA_DHU_FORCE=kernel).
+            if let Plan::Kernel { arch, config } = &decision.plan {
+                prepared.kernel = Some((*arch, *config));
+            }
+            Ok((decision, Ok(prepared)))
+        })?;
+        let keep = |o: Option<&Bound<'py, PyAny>>| o.filter(|o| !o.is_none()).map(|o| o.clone().unbind());
+        Ok(PyCall {
+            decision,
+            prepared,
+            switches: sw,
+            q: self.q.clone().unbind(),
+            dv: self.dv.clone().unbind(),
+            dht: keep(self.dht),
+            inputs: self.tensors().into_iter().filter_map(keep).collect(),
+        })
+    }
+}
+
+op_pyfunction! {
+    /// Validates a call like fla's `chunk_gated_delta_rule_bwd_dhu` would take it, without
+    /// the device check (works on CPU tensors). Raises TypeError / ValueError; returns None.
+    #[name = "validate"]
+    fn py_validate<'py>(_py; op) signature_tail() -> PyResult<()> {
+        guard(|| validate::validate(&op.args(None)?, false).map(|_| ()))
+    }
 }
 
 fn parse_rule(rule: &str) -> error::Result<Rule> {
@@ -258,104 +336,295 @@ fn parse_rule(rule: &str) -> error::Result<Rule> {
         .ok_or_else(|| Error::value("rule", format!("expected 'b2a', 'extended' or 'capable', got {rule:?}")))
 }
 
-/// A call read, validated and planned by `prepare`: the one decision of a call (inputs,
-/// plan, inputs to copy, output shapes), which the Python layer allocates from and
-/// launches. Launching it reads only the outputs. Holds the numbers of the call
-/// (addresses, extents) and references to the input objects, so that their memory
-/// outlives it; nothing is cached past its life.
-#[pyclass(frozen, name = "PreparedCall", module = "kda_dhu._core")]
-struct PyPrepared {
-    call: launch::Prepared,
-    plan: plan::Plan,
-    /// q and dv (the outputs are allocated like them), then every other input.
+/// One reading of the switches a call's decision depends on (`KDA_DHU_FORCE`,
+/// `KDA_DHU_CHECK_INPUTS`): taken once per call and handed to every decision of it (the
+/// fla registry's verifier takes it, its implementation reuses it).
+#[pyclass(frozen, name = "Switches", module = "kda_dhu._core")]
+struct PySwitches(decide::Switches);
+
+#[pymethods]
+impl PySwitches {
+    /// The switches now; ValueError naming KDA_DHU_FORCE for a value that is not kernel / fla / unset.
+    #[staticmethod]
+    fn now() -> PyResult<PySwitches> {
+        guard(decide::Switches::now).map(PySwitches)
+    }
+
+    /// Given values: force None, "kernel" or "fla".
+    #[new]
+    #[pyo3(signature = (force=None, check_inputs=false))]
+    fn new(force: Option<&str>, check_inputs: bool) -> PyResult<PySwitches> {
+        let force = match force {
+            None => None,
+            Some("kernel") => Some(env::Force::Kernel),
+            Some("fla") => Some(env::Force::Fla),
+            Some(other) => {
+                return Err(to_pyerr(Error::value("force", format!("expected 'kernel', 'fla' or None, got {other:?}"))))
+            }
+        };
+        Ok(PySwitches(decide::Switches { force, check_inputs }))
+    }
+
+    /// None, "kernel" or "fla".
+    #[getter]
+    fn force(&self) -> Option<&'static str> {
+        self.0.force.map(|f| match f {
+            env::Force::Kernel => "kernel",
+            env::Force::Fla => "fla",
+        })
+    }
+
+    #[getter]
+    fn check_inputs(&self) -> bool {
+        self.0.check_inputs
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Switches(force={:?}, check_inputs={})", self.force(), self.0.check_inputs)
+    }
+}
+
+fn switches_or_now(sw: Option<&Bound<'_, PySwitches>>) -> PyResult<decide::Switches> {
+    match sw {
+        Some(s) => Ok(s.get().0),
+        None => guard(decide::Switches::now),
+    }
+}
+
+/// One call, decided once (`decide`): what it runs (`action`), the plan and why, the
+/// inputs to copy first, and for the kernel everything the launch needs but the outputs.
+/// Holds the numbers of the call (addresses, extents) and references to the input
+/// objects, so that their memory outlives it; nothing is cached past its life.
+#[pyclass(frozen, name = "Call", module = "kda_dhu._core")]
+struct PyCall {
+    decision: decide::Decision,
+    /// The validated call on its device; for host inputs, what the device check says
+    /// of them (raised where a launch is asked for).
+    prepared: std::result::Result<launch::Prepared, Option<Error>>,
+    switches: decide::Switches,
+    q: Py<PyAny>,
+    dv: Py<PyAny>,
+    dht: Option<Py<PyAny>>,
+    /// Every tensor argument: held (not read), so that the memory behind the call's
+    /// addresses lives as long as the call.
+    #[allow(dead_code)]
     inputs: Vec<Py<PyAny>>,
 }
 
-/// dh in q's dtype, dh0 float32, dv2 in dv's dtype, on the inputs' device, through torch
-/// (`new_empty`: the caching allocator, torch's current device of the inputs).
 /// (dh, dh0 or None, dv2) as Python objects.
 type PyOutputs<'py> = (Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Bound<'py, PyAny>);
 /// (dh shape, dh0 shape or None, dv2 shape).
 type ShapeTuple = ([i64; 5], Option<[i64; 4]>, [i64; 4]);
 
+/// How `alloc_outputs` allocates.
+#[derive(Clone, Copy, Default)]
+struct AllocHow {
+    /// fla's static buffers for CUDA-graph capture (`fla.ops.utils.graph`, fla's names).
+    use_graph: bool,
+    /// Outputs filled with NaN (tests: an element the kernel does not write stays NaN).
+    poison: bool,
+    /// No chunks to walk: dh0 = dht in float32 (zeros without dht), dv2 zeros.
+    empty: bool,
+}
+
+/// The one allocator of the outputs: dh in q's dtype, dh0 float32, dv2 in dv's dtype, on
+/// q's device, through torch (its caching allocator: `new_empty` for plain tensors,
+/// `torch.empty` for others), or fla's static buffers under use_graph.
 fn alloc_outputs<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
     dv: &Bound<'py, PyAny>,
-    shapes: &validate::OutShapes,
+    dht: Option<&Bound<'py, PyAny>>,
+    desc: &validate::CallDesc,
+    how: AllocHow,
 ) -> PyResult<PyOutputs<'py>> {
-    let new_empty = pyo3::intern!(py, "new_empty");
-    let dh = q.call_method1(new_empty, (shapes.dh,))?;
-    let dh0 = match shapes.dh0 {
-        Some(s) => Some(q.call_method(new_empty, (s,), Some(&float32_kwargs(py)?))?),
-        None => None,
+    let Some(shapes) = desc.out_shapes() else {
+        return Err(to_pyerr(Error::Internal("outputs allocated before the chunk count is known".into())));
     };
-    let dv2 = dv.call_method1(new_empty, (shapes.dv2,))?;
+    let plain = tensor::is_plain_tensor(q) && tensor::is_plain_tensor(dv);
+    let (dh, dh0, dv2) = if plain && !how.use_graph && !how.empty {
+        let new_empty = pyo3::intern!(py, "new_empty");
+        let dh = q.call_method1(new_empty, (shapes.dh,))?;
+        let dh0 = match shapes.dh0 {
+            Some(s) => Some(q.call_method(new_empty, (s,), Some(&float32_kwargs(py)?))?),
+            None => None,
+        };
+        (dh, dh0, dv.call_method1(new_empty, (shapes.dv2,))?)
+    } else {
+        let torch = py.import("torch")?;
+        let f32 = torch.getattr("float32")?;
+        let device = q.getattr("device")?;
+        let (q_dtype, dv_dtype) = (q.getattr("dtype")?, dv.getattr("dtype")?);
+        let kw = |dtype: &Bound<'py, PyAny>| -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+            let d = pyo3::types::PyDict::new(py);
+            d.set_item("dtype", dtype)?;
+            d.set_item("device", &device)?;
+            Ok(d)
+        };
+        if how.use_graph {
+            let get = py.import("fla.ops.utils.graph")?.getattr("get_static_buffer")?;
+            let dh_name = if desc.state_v_first { "dhu_dh_vf" } else { "dhu_dh" };
+            let buf = |name: &str, shape: &[i64], dtype: &Bound<'py, PyAny>| {
+                get.call1((name, pyo3::types::PyTuple::new(py, shape)?, dtype, &device))
+            };
+            let dh0 = match shapes.dh0 {
+                Some(s) => Some(buf("dhu_dh0", &s, &f32)?),
+                None => None,
+            };
+            (buf(dh_name, &shapes.dh, &q_dtype)?, dh0, buf("dhu_dv2", &shapes.dv2, &dv_dtype)?)
+        } else {
+            let fill = if how.empty { "zeros" } else { "empty" };
+            let dh = torch.call_method("empty", (shapes.dh,), Some(&kw(&q_dtype)?))?;
+            let dh0 = match (shapes.dh0, how.empty, dht) {
+                (Some(_), true, Some(dht)) => Some(dht.call_method0("float")?.call_method0("clone")?),
+                (Some(s), _, _) => Some(torch.call_method(fill, (s,), Some(&kw(&f32)?))?),
+                (None, _, _) => None,
+            };
+            (dh, dh0, torch.call_method(fill, (shapes.dv2,), Some(&kw(&dv_dtype)?))?)
+        }
+    };
+    if how.poison {
+        let nan = f64::NAN;
+        for out in [Some(&dh), dh0.as_ref(), Some(&dv2)].into_iter().flatten() {
+            out.call_method1("fill_", (nan,))?;
+        }
+    }
     Ok((dh, dh0, dv2))
 }
 
-/// The one-crossing launch: allocate, launch on torch's current stream of the inputs'
-/// device, return (dh, dh0 or None, dv2). None where the call is not for this path (see
-/// `py_run`).
-fn run_prepared<'py>(
-    py: Python<'py>,
-    call: &launch::Prepared,
-    plan: &plan::Plan,
-    q: &Bound<'py, PyAny>,
-    dv: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
-    if !plan.runs_in_one_crossing() || !call.desc.copies().is_empty() || env::check_inputs() {
-        return Ok(None);
-    }
-    let Some(shapes) = call.desc.out_shapes().filter(|s| s.dh[1] > 0) else { return Ok(None) };
-    let (dh, dh0, dv2) = alloc_outputs(py, q, dv, &shapes)?;
-    let stream = current_stream(py, call.desc.device.unwrap_or(0))?;
-    let launched = guard(|| {
-        let o = outputs(&dh, dh0.as_ref(), &dv2)?;
-        match call.launch(&o, stream) {
-            // The device turned out unable to run the image at launch: the general path
-            // now plans the call as a fallback (and says why).
-            Err(Error::Unavailable { .. }) => Ok(false),
-            r => r.map(|()| true),
-        }
-    })?;
-    if !launched {
-        return Ok(None);
-    }
+/// (dh, dh0 or None, dv2) as a tuple.
+fn out_tuple<'py>(py: Python<'py>, (dh, dh0, dv2): PyOutputs<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
     let dh0 = dh0.unwrap_or_else(|| py.None().into_bound(py));
-    Ok(Some(pyo3::types::PyTuple::new(py, [dh, dh0, dv2])?))
+    pyo3::types::PyTuple::new(py, [dh, dh0, dv2])
+}
+
+impl PyCall {
+    fn prepared(&self) -> PyResult<&launch::Prepared> {
+        self.prepared.as_ref().map_err(|e| {
+            let host = || Error::value("call", "expected a call on a CUDA device, got inputs in host memory");
+            to_pyerr(e.clone().unwrap_or_else(host))
+        })
+    }
+
+    /// Allocates and launches on torch's current stream of the inputs' device. Err(Unavailable)
+    /// where the device turns out unable to run the image.
+    fn alloc_and_launch<'py>(&self, py: Python<'py>, how: AllocHow) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        let call = self.prepared()?;
+        let (q, dv) = (self.q.bind(py), self.dv.bind(py));
+        let outs = alloc_outputs(py, q, dv, None, &call.desc, how)?;
+        let stream = current_stream(py, call.desc.device.unwrap_or(0))?;
+        guard(|| call.launch(&outputs(&outs.0, outs.1.as_ref(), &outs.2)?, stream))?;
+        out_tuple(py, outs)
+    }
 }
 
 #[pymethods]
-impl PyPrepared {
-    /// (True, "kernel-sm90a") or (False, the first failing clause).
+impl PyCall {
+    /// What the call runs: "kernel", "fla", "copy" (copy `copies`, count the chunks if
+    /// `count_chunks`, then decide again), "count" (count the chunks, then decide again),
+    /// "cpu" or "empty".
+    #[getter]
+    fn action(&self) -> &'static str {
+        self.decision.action.name()
+    }
+
+    /// (True, "kernel-sm90a") or (False, the first failing clause, or the switch).
     #[getter]
     fn verdict(&self) -> (bool, String) {
-        self.plan.describe()
+        self.decision.verdict()
+    }
+
+    /// The verdict's reason, naming the inputs copied first.
+    #[getter]
+    fn reason(&self) -> String {
+        self.decision.reason()
     }
 
     /// The plan of this call under another rule: (True, "kernel-sm90a") or (False, reason).
     fn replan(&self, rule: &str) -> PyResult<(bool, String)> {
-        guard(|| Ok(self.call.replan(parse_rule(rule)?).describe()))
+        let call = self.prepared()?;
+        guard(|| Ok(call.replan(parse_rule(rule)?).describe()))
     }
 
     /// Names of the inputs that are not packed (contiguous, 16-byte aligned where the
     /// kernel needs it) and must be copied before the kernel or fla's function reads them.
     #[getter]
     fn copies(&self) -> Vec<&'static str> {
-        self.call.desc.copies()
+        self.decision.copies.clone()
+    }
+
+    /// A packed batch without chunk_indices: its chunk count is unknown on the host.
+    #[getter]
+    fn count_chunks(&self) -> bool {
+        self.decision.count_chunks
+    }
+
+    /// KDA_DHU_CHECK_INPUTS on a packed batch: check its tables on the host first.
+    #[getter]
+    fn check_tables(&self) -> bool {
+        self.decision.check_tables
+    }
+
+    /// Why the device cannot run the kernel image (warn once), or None.
+    #[getter]
+    fn unavailable(&self) -> Option<String> {
+        self.decision.unavailable.clone()
+    }
+
+    /// The kernel runs under the sm_100a self-check.
+    #[getter]
+    fn guarded(&self) -> bool {
+        self.decision.guarded()
+    }
+
+    /// Launching (`run`) is all that is left.
+    #[getter]
+    fn launch_only(&self) -> bool {
+        self.decision.launch_only()
+    }
+
+    /// The switches this decision read.
+    #[getter]
+    fn switches(&self) -> PySwitches {
+        PySwitches(self.switches)
     }
 
     /// dh's NT (chunks per batch row, or of the packed batch), or None while unknown on
-    /// the host (a packed batch without chunk_indices).
+    /// the host (a packed batch without chunk_indices) and for host inputs.
     #[getter]
     fn nt(&self) -> Option<i64> {
-        self.call.desc.nt
+        self.prepared.as_ref().ok().and_then(|p| p.desc.nt)
     }
 
     /// (dh shape, dh0 shape or None, dv2 shape), or None while NT is unknown.
     fn out_shapes(&self) -> Option<ShapeTuple> {
-        self.call.desc.out_shapes().map(|s| (s.dh, s.dh0, s.dv2))
+        self.prepared.as_ref().ok()?.desc.out_shapes().map(|s| (s.dh, s.dh0, s.dv2))
+    }
+
+    /// Carries out a "kernel" decision (allocates the outputs, launches on torch's current
+    /// stream; KernelUnavailableError where the device cannot run the image) or an
+    /// "empty" one (the outputs, no launch): (dh, dh0 or None, dv2). `use_graph`: fla's
+    /// static buffers; `poison`: outputs NaN-filled first (tests). ValueError for another
+    /// action. Does not synchronize.
+    #[pyo3(signature = (use_graph=false, poison=false))]
+    fn run<'py>(&self, py: Python<'py>, use_graph: bool, poison: bool) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        match self.decision.action {
+            decide::Action::Kernel => self.alloc_and_launch(py, AllocHow { use_graph, poison, empty: false }),
+            decide::Action::Empty => {
+                let call = self.prepared()?;
+                let dht = self.dht.as_ref().map(|d| d.bind(py).clone());
+                let how = AllocHow { use_graph: false, poison: false, empty: true };
+                out_tuple(py, alloc_outputs(py, self.q.bind(py), self.dv.bind(py), dht.as_ref(), &call.desc, how)?)
+            }
+            decide::Action::Cpu => {
+                self.prepared()?; // the device check's error, naming the input
+                Err(to_pyerr(Error::Internal("a call in host memory with a device".into())))
+            }
+            other => Err(to_pyerr(Error::value(
+                "call",
+                format!("expected a 'kernel' or 'empty' decision, got {:?}", other.name()),
+            ))),
+        }
     }
 
     /// Launches the kernel on `stream` writing dh, dh0 and dv2 (allocated by the caller);
@@ -369,26 +638,16 @@ impl PyPrepared {
         dv2: &Bound<'_, PyAny>,
         stream: u64,
     ) -> PyResult<()> {
-        guard(|| {
-            let o = outputs(dh, dh0, dv2)?;
-            self.call.launch(&o, stream)
-        })
-    }
-
-    /// Allocates the outputs and launches on torch's current stream, in this one call:
-    /// (dh, dh0 or None, dv2), or None where the call must take the general path (the plan
-    /// is not the verified sm_90a kernel, an input needs a copy, NT is unknown or 0, or
-    /// KDA_DHU_CHECK_INPUTS is set).
-    fn run<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
-        let q = self.inputs[0].bind(py);
-        let dv = self.inputs[1].bind(py);
-        run_prepared(py, &self.call, &self.plan, q, dv)
+        let call = self.prepared()?;
+        guard(|| call.launch(&outputs(dh, dh0, dv2)?, stream))
     }
 
     fn __repr__(&self) -> String {
-        let d = &self.call.desc.dims;
+        let Ok(call) = &self.prepared else { return format!("Call({}, host)", self.decision.action.name()) };
+        let d = &call.desc.dims;
         format!(
-            "PreparedCall(B={}, T={}, H={}, HV={}, K={}, V={}, N={}, NT={:?}, {}, cuda:{}, {})",
+            "Call({}, B={}, T={}, H={}, HV={}, K={}, V={}, N={}, NT={:?}, {}, cuda:{}, {})",
+            self.decision.action.name(),
             d.b,
             d.t,
             d.h,
@@ -396,74 +655,27 @@ impl PyPrepared {
             d.k,
             d.v,
             d.n,
-            self.call.desc.nt,
-            self.call.desc.qk_dtype,
-            self.call.desc.device.unwrap_or(-1),
-            self.plan
+            call.desc.nt,
+            call.desc.qk_dtype,
+            call.desc.device.unwrap_or(-1),
+            self.decision.reason()
         )
     }
 }
 
-/// Reads, validates (device included) and plans a call under `rule` ("b2a", "extended" or
-/// "capable"): (ok, reason, PreparedCall). Raises TypeError / ValueError naming the
-/// argument for input that neither the kernel nor fla takes, and first raises a bad
-/// packed batch that a kernel on that device found since the last call. `nt`: dh's NT
-/// of a packed batch when known without chunk_indices. Does not synchronize.
-#[pyfunction]
-#[pyo3(name = "prepare", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, nt=None))]
-#[allow(clippy::too_many_arguments)]
-fn py_prepare<'py>(
-    py: Python<'py>,
-    rule: &str,
-    q: &Bound<'py, PyAny>,
-    k: &Bound<'py, PyAny>,
-    w: &Bound<'py, PyAny>,
-    r#do: &Bound<'py, PyAny>,
-    dv: &Bound<'py, PyAny>,
-    g: Option<&Bound<'py, PyAny>>,
-    gk: Option<&Bound<'py, PyAny>>,
-    h0: Option<&Bound<'py, PyAny>>,
-    dht: Option<&Bound<'py, PyAny>>,
-    scale: Option<&Bound<'py, PyAny>>,
-    state_v_first: Arg<'py>,
-    cu_seqlens: Option<&Bound<'py, PyAny>>,
-    chunk_size: Arg<'py>,
-    chunk_indices: Option<&Bound<'py, PyAny>>,
-    chunk_offsets: Option<&Bound<'py, PyAny>>,
-    nt: Option<i64>,
-) -> PyResult<(bool, String, Bound<'py, PyPrepared>)> {
-    let (call, plan) = guard(|| {
-        let rule = parse_rule(rule)?;
-        let a = call_args(
-            q,
-            k,
-            w,
-            r#do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
-            scale,
-            &state_v_first,
-            cu_seqlens,
-            &chunk_size,
-            chunk_indices,
-            chunk_offsets,
-            nt,
-        )?;
-        launch::Prepared::new(a, rule)
-    })?;
-    let (ok, reason) = plan.describe();
-    let inputs =
-        [Some(q), Some(dv), Some(k), Some(w), Some(r#do), g, gk, h0, dht, cu_seqlens, chunk_indices, chunk_offsets]
-            .into_iter()
-            .flatten()
-            .filter(|o| !o.is_none())
-            .map(|o| o.clone().unbind())
-            .collect();
-    let call = Bound::new(py, PyPrepared { call, plan, inputs })?;
-    Ok((ok, reason, call))
+op_pyfunction! {
+    /// The decision of a call under `rule` ("b2a", "extended" or "capable") and `switches`
+    /// (None: read now): reads and validates it (device included; host inputs as the CPU
+    /// path does), plans it once. Raises TypeError / ValueError naming the argument for
+    /// input that neither the kernel nor fla takes (and first a bad packed batch that a
+    /// kernel on that device found since the last call), RuntimeError for
+    /// KDA_DHU_FORCE=kernel on a call the kernel cannot compute. `nt`: dh's NT of a packed
+    /// batch counted by the caller. Does not synchronize.
+    #[name = "decide"]
+    fn py_decide<'py>(py, rule: &str; op; nt: Option<i64>, switches: Option<&Bound<'py, PySwitches>>)
+        signature_tail(, nt=None, switches=None) -> PyResult<PyCall> {
+        op.decide(rule, nt, switches_or_now(switches)?)
+    }
 }
 
 /// The outputs through DLPack.
@@ -475,57 +687,16 @@ fn outputs(dh: &Bound<'_, PyAny>, dh0: Option<&Bound<'_, PyAny>>, dv2: &Bound<'_
     })
 }
 
-/// Launches the kernel on `stream` (torch.cuda.current_stream(device).cuda_stream)
-/// writing dh, dh0 and dv2 (allocated by the caller). Reads and validates everything
-/// (`prepare` + `PreparedCall.launch` read the inputs once); raises
-/// ValueError when the "capable" plan is a fallback (the kernel cannot compute the call).
-/// Does not synchronize.
-#[pyfunction]
-#[pyo3(name = "launch", signature = (q, k, w, r#do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_indices, chunk_offsets, dh, dh0, dv2, stream))]
-#[allow(clippy::too_many_arguments)]
-fn py_launch(
-    q: &Bound<'_, PyAny>,
-    k: &Bound<'_, PyAny>,
-    w: &Bound<'_, PyAny>,
-    r#do: &Bound<'_, PyAny>,
-    dv: &Bound<'_, PyAny>,
-    g: Option<&Bound<'_, PyAny>>,
-    gk: Option<&Bound<'_, PyAny>>,
-    h0: Option<&Bound<'_, PyAny>>,
-    dht: Option<&Bound<'_, PyAny>>,
-    scale: Option<&Bound<'_, PyAny>>,
-    state_v_first: Arg<'_>,
-    cu_seqlens: Option<&Bound<'_, PyAny>>,
-    chunk_size: Arg<'_>,
-    chunk_indices: Option<&Bound<'_, PyAny>>,
-    chunk_offsets: Option<&Bound<'_, PyAny>>,
-    dh: &Bound<'_, PyAny>,
-    dh0: Option<&Bound<'_, PyAny>>,
-    dv2: &Bound<'_, PyAny>,
-    stream: u64,
-) -> PyResult<()> {
-    guard(|| {
-        let a = call_args(
-            q,
-            k,
-            w,
-            r#do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
-            scale,
-            &state_v_first,
-            cu_seqlens,
-            &chunk_size,
-            chunk_indices,
-            chunk_offsets,
-            None,
-        )?;
-        let o = outputs(dh, dh0, dv2)?;
-        launch::launch(&a, &o, stream)
-    })
+op_pyfunction! {
+    /// Launches the kernel on `stream` (torch.cuda.current_stream(device).cuda_stream)
+    /// writing dh, dh0 and dv2 (allocated by the caller; keyword arguments). Reads and validates everything
+    /// (a `Call` reads the inputs once); raises ValueError when the "capable" plan is a
+    /// fallback (the kernel cannot compute the call). Does not synchronize.
+    #[name = "launch"]
+    fn py_launch<'py>(_py; op; dh: &Bound<'py, PyAny>, dh0: Option<&Bound<'py, PyAny>>, dv2: &Bound<'py, PyAny>, stream: u64)
+        signature_tail(, *, dh, dh0, dv2, stream) -> PyResult<()> {
+        guard(|| launch::launch(&op.args(None)?, &outputs(dh, dh0, dv2)?, stream))
+    }
 }
 
 /// `new_empty`'s keyword arguments for dh0, {"dtype": torch.float32}: a new dict each
@@ -546,77 +717,34 @@ fn current_stream(py: Python<'_>, ordinal: i32) -> PyResult<u64> {
     py.import("torch")?.getattr("cuda")?.call_method1("current_stream", (ordinal,))?.getattr("cuda_stream")?.extract()
 }
 
-/// One call, kernel path only, in one crossing: reads, validates and plans the call as
-/// `prepare` does, and where the plan under `rule` is the verified sm_90a kernel with
-/// every input packed and NT known, allocates dh, dh0 and dv2 with torch and launches on
-/// torch's current stream of the inputs' device. Returns (dh, dh0 or None, dv2), or None
-/// where the caller must take the general path (a fallback or another architecture, an
-/// input to copy, a packed batch without chunk_indices, KDA_DHU_FORCE or
-/// KDA_DHU_CHECK_INPUTS set, a tensor argument that is not a plain torch.Tensor, or
-/// q in host memory: the CPU path).
-/// Raises as `prepare` for invalid input. Does not synchronize.
-#[pyfunction]
-#[pyo3(name = "run", signature = (rule, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None))]
-#[allow(clippy::too_many_arguments)]
-fn py_run<'py>(
-    py: Python<'py>,
-    rule: &str,
-    q: &Bound<'py, PyAny>,
-    k: &Bound<'py, PyAny>,
-    w: &Bound<'py, PyAny>,
-    r#do: &Bound<'py, PyAny>,
-    dv: &Bound<'py, PyAny>,
-    g: Option<&Bound<'py, PyAny>>,
-    gk: Option<&Bound<'py, PyAny>>,
-    h0: Option<&Bound<'py, PyAny>>,
-    dht: Option<&Bound<'py, PyAny>>,
-    scale: Option<&Bound<'py, PyAny>>,
-    state_v_first: Arg<'py>,
-    cu_seqlens: Option<&Bound<'py, PyAny>>,
-    chunk_size: Arg<'py>,
-    chunk_indices: Option<&Bound<'py, PyAny>>,
-    chunk_offsets: Option<&Bound<'py, PyAny>>,
-) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
-    // Plain torch tensors only, checked before anything is read: another object (a
-    // subclass, an array of another library) is read through its own __dlpack__, which
-    // the general path calls under the inputs' device (torch exports only from the
-    // current one), and the outputs are allocated with q's and dv's methods.
-    let plain = |t: Option<&Bound<'py, PyAny>>| t.is_none_or(|t| t.is_none() || tensor::is_plain_tensor(t));
-    let tensors =
-        [Some(q), Some(k), Some(w), Some(r#do), Some(dv), g, gk, h0, dht, cu_seqlens, chunk_indices, chunk_offsets];
-    if !tensors.into_iter().all(plain) || env::force().map_or(true, |f| f.is_some()) {
-        return Ok(None);
-    }
-    let (call, plan) = guard(|| {
-        let rule = parse_rule(rule)?;
-        let a = call_args(
-            q,
-            k,
-            w,
-            r#do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
-            scale,
-            &state_v_first,
-            cu_seqlens,
-            &chunk_size,
-            chunk_indices,
-            chunk_offsets,
-            None,
-        )?;
-        if a.q.device.is_host() {
-            validate::validate(&a, false)?; // bad input named here, as on the GPU
-            return Ok(None); // the CPU path (the general path routes it)
+op_pyfunction! {
+    /// One call in one crossing: the switches read, the call decided (as `decide` under
+    /// `rule`), and where the decision is the unguarded kernel without a host check of
+    /// the tables, the outputs allocated with torch and the kernel launched on torch's
+    /// current stream of the inputs' device; where it is "empty", the outputs. Returns
+    /// (dh, dh0 or None, dv2); else the `Call` for the caller to carry out; None where a
+    /// tensor argument is not a plain torch.Tensor (the caller decides under the inputs'
+    /// device). Raises as `decide`. Does not synchronize.
+    #[name = "run"]
+    fn py_run<'py>(py, rule: &str; op; use_graph: bool)
+        signature_tail(, use_graph=false) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if !op.all_plain() {
+            return Ok(None);
         }
-        launch::Prepared::new(a, rule).map(Some)
-    })?
-    .map_or((None, None), |(c, p)| (Some(c), Some(p)));
-    match (call, plan) {
-        (Some(call), Some(plan)) => run_prepared(py, &call, &plan, q, dv),
-        _ => Ok(None),
+        let call = op.decide(rule, None, guard(decide::Switches::now)?)?;
+        let how = AllocHow { use_graph, ..AllocHow::default() };
+        if call.decision.launch_only() {
+            match call.alloc_and_launch(py, how) {
+                Ok(out) => return Ok(Some(out.into_any())),
+                // The device turned out unable to run the image at launch: the caller
+                // carries the decision out (the launch raises, the call goes to fla).
+                Err(e) if e.is_instance_of::<KernelUnavailableError>(py) => {}
+                Err(e) => return Err(e),
+            }
+        } else if call.decision.action == decide::Action::Empty && !call.decision.check_tables {
+            return call.run(py, false, false).map(|t| Some(t.into_any()));
+        }
+        Ok(Some(Bound::new(py, call)?.into_any()))
     }
 }
 
@@ -801,7 +929,8 @@ fn kernel_image(ordinal: i32) -> PyResult<Option<String>> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_validate, m)?)?;
-    m.add_function(wrap_pyfunction!(py_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(py_decide, m)?)?;
+    m.add_class::<PySwitches>()?;
     m.add_function(wrap_pyfunction!(check_tables, m)?)?;
     m.add_function(wrap_pyfunction!(check_input_errors, m)?)?;
     m.add_function(wrap_pyfunction!(force, m)?)?;
@@ -818,7 +947,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;
-    m.add_class::<PyPrepared>()?;
+    m.add_class::<PyCall>()?;
     m.add_function(wrap_pyfunction!(tma_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(tma_cache_clear, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
@@ -829,6 +958,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_image, m)?)?;
     m.add("KernelUnavailableError", m.py().get_type::<KernelUnavailableError>())?;
     m.add("UNAVAILABLE_PREFIX", error::UNAVAILABLE_PREFIX)?;
+    m.add("FORCE_ENV", env::FORCE)?;
     m.add_function(wrap_pyfunction!(py_cpu::py_cpu_bwd_dhu, m)?)?;
     m.add("MIN_CTAS_EXTENDED", plan::MIN_CTAS_EXTENDED)?;
     m.add("MIN_CTAS_B2A", plan::MIN_CTAS_B2A)?;

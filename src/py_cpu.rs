@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::facts::BT;
 use crate::tensor::{DType, HostOut, HostView, TensorMeta};
 use crate::validate::{self, CallArgs, CallDesc};
-use crate::{call_args, guard, Arg, NOT_PASSED};
+use crate::{guard, NOT_PASSED};
 use numpy::{Element, PyArrayDyn};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -133,56 +133,38 @@ unsafe fn inputs(a: &CallArgs) -> Result<cpu::Inputs> {
 /// (dh, dh0 or None, dv2).
 type CpuOutputs<'py> = (Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Bound<'py, PyAny>);
 
-/// Stage 4 on the CPU, in `mode` ("float64" or "fla"): fla's arguments (read as
-/// `validate` reads them; with cu_seqlens, chunk_indices' length is dh's NT), outputs of
-/// the caller's kind: (dh, dh0 or None, dv2).
-/// `poison`: fill the outputs with NaN before the run (tests). `check_only`: every check
-/// of the call (cu_seqlens' values included) and nothing else: returns None (the planner's
-/// verdict on host inputs).
-#[pyfunction]
-#[pyo3(name = "cpu_bwd_dhu", signature = (mode, q, k, w, r#do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=NOT_PASSED, cu_seqlens=None, chunk_size=NOT_PASSED, chunk_indices=None, chunk_offsets=None, *, poison=false, check_only=false))]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn py_cpu_bwd_dhu<'py>(
+/// The checks of a call in host memory that fla's precision runs (the verdict on host
+/// inputs): `validate_cpu` in fla's mode and cu_seqlens' values.
+pub(crate) fn check_fla(a: &CallArgs) -> Result<()> {
+    let desc = validate_cpu(a, Mode::Fla)?;
+    sequences(a, &desc).map(|_| ())
+}
+
+crate::op_pyfunction! {
+    /// Stage 4 on the CPU, in `mode` ("float64" or "fla"): fla's arguments (read as
+    /// `validate` reads them; with cu_seqlens, chunk_indices' length is dh's NT), outputs of
+    /// the caller's kind: (dh, dh0 or None, dv2).
+    /// `poison`: fill the outputs with NaN before the run (tests). `check_only`: every check
+    /// of the call (cu_seqlens' values included) and nothing else: returns None (the planner's
+    /// verdict on host inputs).
+    #[name = "cpu_bwd_dhu"]
+    fn py_cpu_bwd_dhu<'py>(py, mode: &str; op; poison: bool, check_only: bool)
+        signature_tail(, *, poison=false, check_only=false) -> PyResult<Option<CpuOutputs<'py>>> {
+        cpu_bwd_dhu(py, mode, &op, poison, check_only)
+    }
+}
+
+fn cpu_bwd_dhu<'py>(
     py: Python<'py>,
     mode: &str,
-    q: &Bound<'py, PyAny>,
-    k: &Bound<'py, PyAny>,
-    w: &Bound<'py, PyAny>,
-    r#do: &Bound<'py, PyAny>,
-    dv: &Bound<'py, PyAny>,
-    g: Option<&Bound<'py, PyAny>>,
-    gk: Option<&Bound<'py, PyAny>>,
-    h0: Option<&Bound<'py, PyAny>>,
-    dht: Option<&Bound<'py, PyAny>>,
-    scale: Option<&Bound<'py, PyAny>>,
-    state_v_first: Arg<'py>,
-    cu_seqlens: Option<&Bound<'py, PyAny>>,
-    chunk_size: Arg<'py>,
-    chunk_indices: Option<&Bound<'py, PyAny>>,
-    chunk_offsets: Option<&Bound<'py, PyAny>>,
+    op: &crate::OpObjects<'_, 'py>,
     poison: bool,
     check_only: bool,
 ) -> PyResult<Option<CpuOutputs<'py>>> {
+    let q = op.q;
     let (mode, args, desc, seqs) = guard(|| {
         let mode = Mode::parse(mode)?;
-        let a = call_args(
-            q,
-            k,
-            w,
-            r#do,
-            dv,
-            g,
-            gk,
-            h0,
-            dht,
-            scale,
-            &state_v_first,
-            cu_seqlens,
-            &chunk_size,
-            chunk_indices,
-            chunk_offsets,
-            None,
-        )?;
+        let a = op.args(None)?;
         let mut desc = validate_cpu(&a, mode)?;
         let seqs = sequences(&a, &desc)?;
         desc.nt = Some(seqs.nt);

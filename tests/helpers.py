@@ -99,7 +99,7 @@ def via_registry(a: dict):
 
 
 def pin_fla_stage4():
-    """fla's stage-4 Triton kernels pinned to one config (``kda_dhu.bench.pin_fla_stage4``)
+    """fla's stage-4 Triton kernels pinned to one config (``kda_dhu._measure.pin_fla_stage4``)
     so that a test comparing against fla does not tune twelve configs per new key. Returns
     the restoring function, or None (no usable fla here, or KDA_DHU_TEST_FLA_TUNE=1 keeps
     fla's own autotuning). Child processes of GPU tests call it too."""
@@ -108,7 +108,7 @@ def pin_fla_stage4():
     if os.environ.get("KDA_DHU_TEST_FLA_TUNE") == "1":
         return None
     try:
-        from kda_dhu.bench import pin_fla_stage4 as pin
+        from kda_dhu._measure import pin_fla_stage4 as pin
 
         return pin()
     except Exception:  # noqa: BLE001 - no (usable) fla here: nothing to pin
@@ -120,6 +120,18 @@ def pin_fla_stage4():
 # module's), for tests in any of tests/unit, tests/gpu, tests/tools.
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS)
+BENCHES = os.path.join(REPO_ROOT, "benches")
+
+
+def lab_module(name: str):
+    """A lab script of benches/ (not in the wheel) as a module, e.g. "bench" (the
+    benchmark's record tools): benches/ put first on sys.path, as running it does."""
+    import importlib
+    import sys
+
+    if BENCHES not in sys.path:
+        sys.path.insert(0, BENCHES)
+    return importlib.import_module(name)
 
 
 # --------------------------------------------------------------- fresh interpreters

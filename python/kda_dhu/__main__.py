@@ -52,7 +52,7 @@ def _cpu_check() -> int:
 
 
 def main(argv=None) -> int:
-    from .bench import SHAPES  # the shape table only: no torch yet
+    from ._measure import SHAPES  # the shape table only: no torch yet
 
     ap = argparse.ArgumentParser(
         prog="python -m kda_dhu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         print("Running the CPU check of the float64 reference instead:")
         return _cpu_check()
 
-    from . import bench
+    from . import _measure as bench
 
     rows = [r for r in SHAPES if r[0] == args.shape]
     step("importing fla (fla.ops imports every op, and torch's compiler: seconds)")

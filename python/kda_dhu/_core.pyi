@@ -11,8 +11,8 @@ found"); KernelUnavailableError (a RuntimeError) where the device's driver or GP
 cannot run the kernel image. Every message names the argument and what was expected.
 
 A device whose driver or GPU cannot run the kernel image is found out once, when
-``prepare`` / ``plan`` / ``run`` first meet it (that loads the image): from then on
-every plan on it is ``(False, reason)`` with ``reason`` starting with
+``decide`` / ``run`` first meet it (that loads the image): from then on every plan on
+it is ``(False, reason)`` with ``reason`` starting with
 ``UNAVAILABLE_PREFIX`` (``kernel_unavailable`` gives the same reason).
 """
 
@@ -26,6 +26,8 @@ MIN_CTAS_B2A: int
 """CTA floor of the seed's rule (B*HV*(V/64) >= 256)."""
 TMA_CACHE_CAPACITY: int
 """Entries of the TMA descriptor cache (64)."""
+FORCE_ENV: str
+"""The name of the switch that forces a route ("KDA_DHU_FORCE"; src/env.rs reads it)."""
 UNAVAILABLE_PREFIX: str
 """How a reason for a device that cannot run the kernel image starts:
 "kernel unavailable on cuda:" (then the ordinal, ": ", the GPU, the driver and what is
@@ -65,16 +67,50 @@ def validate(
     packed-batch tables are not read (``check_tables``; the kernel checks them).
     """
 
-class PreparedCall:
-    """A call read, validated and planned by ``prepare``: the one decision of a call.
-    Launching it reads only the outputs. Holds the call's numbers (addresses, extents) and
-    references to its input objects; nothing of it outlives the object."""
+class Switches:
+    """One reading of the switches a call's decision depends on (KDA_DHU_FORCE,
+    KDA_DHU_CHECK_INPUTS), taken once per call and handed to each of its decisions."""
 
+    force: str | None
+    """None, "kernel" or "fla"."""
+    check_inputs: bool
+
+    def __init__(self, force: str | None = None, check_inputs: bool = False) -> None: ...
+    @staticmethod
+    def now() -> Switches:
+        """The switches now; ValueError naming KDA_DHU_FORCE for a value that is not
+        kernel / fla / unset."""
+
+class Call:
+    """One call decided once (``decide``, ``run``): what it runs, the plan and why, the
+    inputs to copy first, and for the kernel everything the launch needs but the outputs.
+    Holds the call's numbers (addresses, extents) and references to its input objects;
+    nothing of it outlives the object."""
+
+    action: str
+    """What the caller does: "kernel" (``run``; through the sm_100a self-check where
+    ``guarded``), "fla" (fla's function), "copy" (copy ``copies``, count the chunks where
+    ``count_chunks``, then decide again), "count" (count the chunks, then decide again),
+    "cpu" (kda-dhu's CPU implementation) or "empty" (``run``: no chunks, no launch)."""
     verdict: tuple[bool, str]
-    """(True, "kernel-sm90a") or (False, the first failing clause)."""
+    """(True, "kernel-sm90a") or (False, the first failing clause, or the switch)."""
+    reason: str
+    """The verdict's reason, naming the inputs copied first."""
     copies: list[str]
     """Inputs that are not packed (contiguous; 16-byte aligned where the kernel reads them
     through TMA; h0 contiguous) and must be copied before the kernel or fla reads them."""
+    count_chunks: bool
+    """A packed batch given without chunk_indices: its chunk count is unknown on the host."""
+    check_tables: bool
+    """KDA_DHU_CHECK_INPUTS on a packed batch: check its tables on the host first."""
+    unavailable: str | None
+    """Why the device cannot run the kernel image (warn once), or None."""
+    guarded: bool
+    """The kernel is the sm_100a one: run it through the self-check."""
+    launch_only: bool
+    """``run`` is all that is left (the unguarded kernel, no host check)."""
+    switches: Switches
+    """The switches this decision read (the next decision of the call takes them)."""
     nt: int | None
     """dh's NT, or None for a packed batch given without chunk_indices (until ``nt=``)."""
 
@@ -84,16 +120,18 @@ class PreparedCall:
     def out_shapes(self) -> tuple[list[int], list[int] | None, list[int]] | None:
         """(dh, dh0 or None, dv2) shapes once NT is known, else None."""
 
+    def run(self, use_graph: bool = False, poison: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Carry out a "kernel" decision (allocate the outputs with torch, or fla's static
+        buffers under ``use_graph``; launch on torch's current stream;
+        KernelUnavailableError where the device turns out unable to run the image) or an
+        "empty" one (the outputs, no launch). ``poison``: outputs NaN-filled first (tests).
+        ValueError for another action. Asynchronous."""
+
     def launch(self, dh: Tensor, dh0: Tensor | None, dv2: Tensor, stream: int) -> None:
-        """Launch the prepared inputs writing the outputs (as ``launch`` checks them) on
+        """Launch the decided inputs writing the outputs (as ``launch`` checks them) on
         ``stream``. ValueError when the "capable" plan is a fallback. Asynchronous."""
 
-    def run(self) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """Allocate the outputs with torch and launch on torch's current stream, in this
-        one call; None where the call must take the general path (not the verified sm_90a
-        kernel, an input to copy, NT unknown or 0, KDA_DHU_CHECK_INPUTS set)."""
-
-def prepare(
+def decide(
     rule: str,
     q: Tensor,
     k: Tensor,
@@ -111,20 +149,24 @@ def prepare(
     chunk_indices: Tensor | None = None,
     chunk_offsets: Tensor | None = None,
     nt: int | None = None,
-) -> tuple[bool, str, PreparedCall]:
-    """Read, validate (every tensor on one CUDA device) and plan a call under ``rule``:
-    ``(ok, reason, PreparedCall)``.
+    switches: Switches | None = None,
+) -> Call:
+    """Read, validate and decide a call under ``rule`` and ``switches`` (None: read now):
+    the one decision of the call (``Call.action``).
 
     rule "b2a": the original dispatcher exactly (chunk_size 64, T % 64 == 0, K in {64,
     128}, V % 64 == 0, bf16/fp16, dht given, B*HV*(V/64) >= 256) plus that kernel's limits
     (gk path, H == HV, no cu_seqlens). rule "capable": everything the kernel computes:
     tails, packed batches, GVA, g / gk / no gate, dht and h0 optional, state_v_first.
     rule "extended": "capable" less the measured clauses (``policy``). Layouts are not
-    clauses: the plan is the packed call's (``PreparedCall.copies``).
+    clauses: the plan is the packed call's (``Call.copies``). KDA_DHU_FORCE=fla: fla;
+    =kernel: the "capable" plan. Inputs in host memory: "cpu", validated as the CPU path
+    validates them.
 
-    ``nt``: dh's NT of a packed batch given without chunk_indices, when the caller knows
-    it. Raises as ``validate``, RuntimeError without a CUDA driver, and first raises a
-    bad packed batch a kernel on that device found since the last call (``check_input_errors``).
+    ``nt``: dh's NT of a packed batch given without chunk_indices, counted by the caller.
+    Raises as ``validate``, RuntimeError without a CUDA driver and for KDA_DHU_FORCE=kernel
+    on a call the kernel cannot compute, and first raises a bad packed batch a kernel on
+    that device found since the last call (``check_input_errors``).
     """
 
 def run(
@@ -144,15 +186,15 @@ def run(
     chunk_size: int = 64,
     chunk_indices: Tensor | None = None,
     chunk_offsets: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None, Tensor] | None:
-    """The kernel path in one crossing: read, validate and plan as ``prepare``; where the
-    plan under ``rule`` is the verified sm_90a kernel, every input packed and NT known
-    (chunk_indices given with cu_seqlens), allocate (dh, dh0 or None, dv2) with torch on the
-    inputs' device and launch on its current stream. None where the caller takes the
-    general path (a fallback or sm_100a plan, an input to copy, a packed batch without
-    chunk_indices, KDA_DHU_FORCE or KDA_DHU_CHECK_INPUTS set, a tensor argument that is
-    not a plain torch.Tensor, or q on the CPU, after validation). Raises as ``prepare``.
-    Does not synchronize."""
+    use_graph: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor] | Call | None:
+    """One call in one crossing: the switches read, the call decided as ``decide`` does;
+    where the decision is the unguarded kernel without a host check of the tables, the
+    outputs allocated (fla's static buffers under ``use_graph``) and the kernel launched
+    on torch's current stream of the inputs' device; where it is "empty", the outputs.
+    Returns (dh, dh0 or None, dv2); else the ``Call`` for the caller to carry out; None
+    where a tensor argument is not a plain torch.Tensor (the caller decides under the
+    inputs' device). Raises as ``decide``. Does not synchronize."""
 
 def dlpack_intake() -> str:
     """How torch tensors are read: "exchange" (DLPack's C exchange API), "capsule"
@@ -165,31 +207,32 @@ def launch(
     w: Tensor,
     do: Tensor,
     dv: Tensor,
-    g: Tensor | None,
-    gk: Tensor | None,
-    h0: Tensor | None,
-    dht: Tensor | None,
-    scale: float | None,
-    state_v_first: bool,
-    cu_seqlens: Tensor | None,
-    chunk_size: int,
-    chunk_indices: Tensor | None,
-    chunk_offsets: Tensor | None,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: Tensor | None = None,
+    chunk_offsets: Tensor | None = None,
+    *,
     dh: Tensor,
     dh0: Tensor | None,
     dv2: Tensor,
     stream: int,
 ) -> None:
     """Launch the kernel writing dh, dh0 and dv2; asynchronous, on ``stream`` (a CUstream
-    as an int; 0: the legacy default stream). Reads and validates everything
-    (``prepare`` + ``PreparedCall.launch`` read the inputs once).
+    as an int; 0: the legacy default stream). Reads and validates everything (a ``Call``
+    reads the inputs once).
 
     The outputs are allocated by the caller, contiguous, 16-byte aligned, on q's device:
     dh [B, NT, HV, K, V] in q's dtype (NT = ceil(T / 64), or dh's rows of a packed batch:
     len(chunk_indices) where given), dh0 [N, HV, K, V] fp32 iff h0 is given (else None),
     dv2 like dv. A packed batch's values are read and checked on the device (a failing
     sequence's outputs NaN, the error raised by the next call). ValueError naming the
-    reason when ``plan("capable", ...)`` would say fallback. Does not synchronize.
+    reason when the "capable" plan would say fallback. Does not synchronize.
     """
 
 def check_tables(

@@ -1,12 +1,14 @@
 """Entry points: fla's full signature, the original dispatcher, and the planner's verdict.
 
-Every call is decided once, in Rust (``kda_dhu._core``): the inputs read through DLPack
-and validated, the plan (kernel or fla's function, and why), the inputs to copy, the
-output shapes. The common call (plain torch tensors, packed inputs, chunk_indices given
-with cu_seqlens) runs in one crossing (``_core.run``: decide, allocate with torch,
-launch on torch's current stream). Everything else takes the general path here: layout
-copies, a packed batch's chunk count, KDA_DHU_FORCE, the host check of
-KDA_DHU_CHECK_INPUTS, fla's CUDA-graph buffers, the sm_100a self-check, fla's function.
+Every call is decided once, in Rust (``kda_dhu._core.decide`` / ``_core.run``): the
+inputs read through DLPack and validated, one reading of the switches, the plan (kernel
+or fla's function, and why), the inputs to copy, the output shapes, and from these the
+one thing the call does (``Call.action``): "kernel", "fla", "copy" first, "count" the
+chunks first, "cpu" or "empty". The common call (plain torch tensors, packed inputs,
+chunk_indices given with cu_seqlens) is decided and launched in one crossing
+(``_core.run``). This module only carries a decision out: torch copies and fla's chunk
+count (then one more decision, the final one), fla's function, the CPU path, the host
+check of KDA_DHU_CHECK_INPUTS, the sm_100a self-check.
 
 No path synchronizes the host with the GPU, but for the chunk count of a packed batch
 given without chunk_indices (one read per distinct cu_seqlens tensor, through fla's
@@ -40,7 +42,8 @@ __all__ = [
     "check_errors",
 ]
 
-FORCE_ENV = "KDA_DHU_FORCE"
+# The switch that forces a route (src/env.rs names and reads it), for messages.
+FORCE_ENV = _core.FORCE_ENV if _core is not None else None
 
 
 def _require_core():
@@ -104,11 +107,13 @@ class _Call:
         )
         self.chunk_indices, self.chunk_offsets, self.use_graph = chunk_indices, chunk_offsets, use_graph
 
-    def prepare(self, rule: str, nt=None):
-        """``_core.prepare`` of these arguments: (ok, reason, PreparedCall)."""
-        return _require_core().prepare(
+    def decide(self, rule: str, nt=None, switches=None):
+        """``_core.decide`` of these arguments (a ``_core.Call``): under ``switches``
+        (None: read now), with ``nt`` chunks of a packed batch counted by the caller."""
+        return _require_core().decide(
             rule, self.q, self.k, self.w, self.do, self.dv, self.g, self.gk, self.h0, self.dht, self.scale,
-            self.state_v_first, self.cu_seqlens, self.chunk_size, self.chunk_indices, self.chunk_offsets, nt,
+            self.state_v_first, self.cu_seqlens, self.chunk_size, self.chunk_indices, self.chunk_offsets, nt=nt,
+            switches=switches,
         )  # fmt: skip
 
     def fla(self):
@@ -161,58 +166,26 @@ class _Call:
         return c
 
 
-def _empty_outputs(c: _Call, call):
-    """A packed batch with no chunks at all (every sequence empty): nothing for a kernel
-    to walk. dh has no rows, dh0 = dht (zeros without dht), dv2's rows are all padding
-    (zeros, as the kernel writes padding)."""
-    dh_shape, dh0_shape, _ = call.out_shapes()
-    dh = c.q.new_empty(dh_shape)
-    dh0 = None
-    if dh0_shape is not None:
-        dh0 = c.dht.float().clone() if c.dht is not None else c.q.new_zeros(dh0_shape, dtype=torch.float32)
-    return dh, dh0, torch.zeros_like(c.dv, memory_format=torch.contiguous_format)
-
-
-def _alloc(c: _Call, call, poison: bool):
-    """dh, dh0 (or None), dv2 as the prepared call sizes them: torch's caching allocator, or
-    fla's static buffers under use_graph (the names fla's own function uses)."""
-    dh_shape, dh0_shape, dv2_shape = call.out_shapes()
-    if c.use_graph:
-        from fla.ops.utils.graph import get_static_buffer
-
-        dev = c.q.device
-        dh = get_static_buffer("dhu_dh_vf" if c.state_v_first else "dhu_dh", tuple(dh_shape), c.q.dtype, dev)
-        dh0 = get_static_buffer("dhu_dh0", tuple(dh0_shape), torch.float32, dev) if dh0_shape else None
-        dv2 = get_static_buffer("dhu_dv2", tuple(dv2_shape), c.dv.dtype, dev)
-    else:
-        dh = (
-            c.q.new_empty(dh_shape)
-            if type(c.q) is torch.Tensor
-            else torch.empty(dh_shape, dtype=c.q.dtype, device=c.q.device)
-        )
-        dh0 = torch.empty(dh0_shape, dtype=torch.float32, device=c.q.device) if dh0_shape else None
-        dv2 = torch.empty(dv2_shape, dtype=c.dv.dtype, device=c.q.device)
-    if poison:  # tests: an element the kernel does not write stays NaN
-        for out in (dh, dh0, dv2):
-            if out is not None:
-                out.fill_(float("nan"))
-    return dh, dh0, dv2
-
-
-def _launch(c: _Call, call, poison: bool = False):
-    """Allocates the outputs and launches the prepared call on torch's current stream."""
-    dh, dh0, dv2 = _alloc(c, call, poison)
-    call.launch(dh, dh0, dv2, _current_stream(c.q))
-    return dh, dh0, dv2
+def _settle(rule: str, c: _Call, call):
+    """(c, call) once a "copy" or "count" decision is carried out: the named inputs
+    copied, the chunks of the packed batch counted (fla's cache), and the call decided
+    again under the same switches (that decision is final). Other decisions as they are."""
+    if call.action not in ("copy", "count"):
+        return c, call
+    if call.copies:
+        c = c.packed(call.copies)
+    nt = chunk_count(c.cu_seqlens, c.q.shape[1]) if call.count_chunks else None
+    return c, c.decide(rule, nt, call.switches)
 
 
 def _kernel_or_fla(c: _Call, call):
-    """``_launch``, or fla's function where the launch finds that the device cannot run
-    the kernel image (KernelUnavailableError: one warning per device, see _driver)."""
+    """The kernel (``Call.run``: outputs allocated, launched on torch's current stream),
+    or fla's function where the launch finds that the device cannot run the kernel image
+    (KernelUnavailableError: one warning per device, see _driver)."""
     try:
-        return _launch(c, call)
+        return call.run(c.use_graph)
     except _require_core().KernelUnavailableError as err:
-        _driver.note_unavailable(err, stacklevel=5)
+        _driver.note_unavailable(err, stacklevel=6)
         return c.fla()
 
 
@@ -230,46 +203,6 @@ def _host_check(c: _Call, nt) -> None:
 
 # The sm_100a kernel has never run on real hardware: guard it (see _selfcheck).
 SM100_CHECK = SelfCheck("sm_100a")
-
-
-def _force():
-    """KDA_DHU_FORCE, read once per call where its route is decided: None, "kernel" or
-    "fla"; ValueError naming the switch for another value (src/env.rs reads it)."""
-    return _require_core().force()
-
-
-def _decide(rule: str, c: _Call, force):
-    """(ok, reason, PreparedCall, call): the plan of the call as it will run under
-    ``force`` (the caller's snapshot of KDA_DHU_FORCE), after the copies its layout needs
-    (``call`` is then the packed copy) and, for a packed batch given without
-    chunk_indices, with its chunk count. Raises on input that neither the kernel nor fla
-    takes, naming the argument, and RuntimeError for KDA_DHU_FORCE=kernel on a call the
-    kernel cannot compute."""
-    ok, reason, call = c.prepare(rule)
-    nt = None
-    if call.nt is None:  # a packed batch without chunk_indices: count its chunks (validated)
-        if call.copies:
-            c = c.packed(call.copies)
-        nt = chunk_count(c.cu_seqlens, c.q.shape[1])
-        ok, reason, call = c.prepare(rule, nt)
-    if call.copies:
-        c = c.packed(call.copies)
-        ok, reason, call = c.prepare(rule, nt)
-    if _check_inputs():
-        _host_check(c, call.nt)
-    if not ok:  # a device that cannot run the kernel image: one warning per device, then fla
-        _driver.note_unavailable(reason, stacklevel=5)
-    if force == "fla":
-        return False, f"{FORCE_ENV}=fla", call, c
-    if force == "kernel" and not ok:
-        ok, reason = call.replan("capable")
-        if not ok:
-            raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
-    return ok, reason, call, c
-
-
-def _check_inputs() -> bool:
-    return _core.switch("KDA_DHU_CHECK_INPUTS") is not None
 
 
 def _on_cpu(q) -> bool:
@@ -293,137 +226,121 @@ def _cpu(c: _Call):
     )  # fmt: skip
 
 
-def _general(rule: str, c: _Call, force):
-    """The general path under ``force`` (the call's one reading of KDA_DHU_FORCE): decide,
-    then the kernel (guarded on sm_100a) or fla's function; inputs in host memory run on
-    the CPU whatever the switch says (neither kernel runs there)."""
-    if isinstance(force, Exception):  # a bad KDA_DHU_FORCE value, read by the backend's verifier
-        raise force
-    if _on_cpu(c.q):
-        return _cpu(c)
+def _carry_out(rule: str, c: _Call, call):
+    """Does what the decision ``call`` (a ``_core.Call`` of ``c``) says, under the inputs'
+    device: after a copy or a chunk count, the final decision; then the host check of the
+    tables where asked, and the kernel (through the self-check on sm_100a), fla's
+    function, the CPU path or the empty outputs."""
     with _device_ctx(c.q):
-        ok, reason, call, c = _decide(rule, c, force)
-        if call.nt == 0:  # nothing for either implementation to walk
-            return _empty_outputs(c, call)
-        if not ok:
+        c, call = _settle(rule, c, call)
+        if call.unavailable is not None:  # the device cannot run the kernel image: warn once
+            _driver.note_unavailable(call.unavailable, stacklevel=5)
+        if call.check_tables:
+            _host_check(c, call.nt)
+        action = call.action
+        if action == "kernel":
+            if call.guarded:
+                sig = signature_of(
+                    rule, c.q, c.do, g=c.g, gk=c.gk, h0=c.h0, dht=c.dht,
+                    state_v_first=c.state_v_first, cu_seqlens=c.cu_seqlens,
+                )  # fmt: skip
+                return SM100_CHECK.run(sig, lambda: _kernel_or_fla(c, call), c.fla)
+            return _kernel_or_fla(c, call)
+        if action == "fla":
             return c.fla()
-        if call.nt is None:  # capturing a graph with no chunk_indices: fla decides (and raises)
-            return c.fla()
-        if reason == "kernel-sm100a":
-            sig = signature_of(
-                rule, c.q, c.do, g=c.g, gk=c.gk, h0=c.h0, dht=c.dht,
-                state_v_first=c.state_v_first, cu_seqlens=c.cu_seqlens,
-            )  # fmt: skip
-            return SM100_CHECK.run(sig, lambda: _kernel_or_fla(c, call), c.fla)
-        return _kernel_or_fla(c, call)
+        if action == "cpu":
+            return _cpu(c)
+        return call.run()  # "empty": nothing for either implementation to walk
 
 
-def _host_verdict(c: _Call) -> tuple[bool, str]:
-    """The verdict on a call whose q is in host memory: every check of the CPU path
-    (kda-dhu's CPU implementation runs it, whatever KDA_DHU_FORCE says), then why."""
-    _require_core().cpu_bwd_dhu(
-        "fla", c.q, c.k, c.w, c.do, c.dv, c.g, c.gk, c.h0, c.dht, c.scale, c.state_v_first, c.cu_seqlens,
-        c.chunk_size, c.chunk_indices, c.chunk_offsets, check_only=True,
-    )  # fmt: skip
-    # True of the direct entry points; fla's registry, which rejects such calls, runs fla's own function
-    return False, "cpu: inputs in host memory (kda-dhu's entry points run them on its CPU implementation)"
-
-
-def _verify(c: _Call, force):
-    """(accepted, reason, PreparedCall or None) of a CUDA call under ``force``: where the
-    kernel runs it, and where an input must be copied first (fla's function would read it
-    as if contiguous). Raises on invalid input."""
-    if force == "fla":
-        return False, f"{FORCE_ENV}=fla", None
-    rule = "capable" if force == "kernel" else "extended"
-    with _device_ctx(c.q):
-        ok, reason, call = c.prepare(rule)
-        if call.nt is None:  # a packed batch without chunk_indices: count its chunks (validated)
-            ok, reason, call = c.prepare(rule, chunk_count(c.cu_seqlens, c.q.shape[1]))
-    if force == "kernel" and not ok:
-        raise RuntimeError(f"{FORCE_ENV}=kernel, but the kernel cannot run this call: {reason}")
-    if not ok:  # a device that cannot run the kernel image: one warning per device, then fla
-        _driver.note_unavailable(reason, stacklevel=5)
-    if call.copies:
-        err = c.uncopyable(call.copies)
-        if err is not None:  # the implementation could not copy it: fla's function decides
-            raise err
-        return (
-            True,
-            f"{reason} after copying {', '.join(call.copies)} (fla's function reads inputs as contiguous)",
-            call,
-        )
-    return ok, reason, call
-
-
-class Forced:
-    """The fla backend verifier's reading of KDA_DHU_FORCE, handed to its implementation
-    (``run_decided``) so that the call reads the switch once: "kernel", or the ValueError
-    of a value that is not kernel / fla / unset."""
-
-    __slots__ = ("force",)
-
-    def __init__(self, force):
-        self.force = force
+def _general(rule: str, c: _Call, call=None):
+    """A call that did not finish in one crossing: decided under the inputs' device
+    (unless ``call`` is its decision already), then carried out."""
+    if call is None:
+        with _device_ctx(c.q):
+            call = c.decide(rule)
+    return _carry_out(rule, c, call)
 
 
 def verify(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, state_v_first=False, cu_seqlens=None,
            chunk_size=64, chunk_indices=None, chunk_offsets=None, use_graph=False):  # fmt: skip
     """The fla backend's decision on a call: (accepted, reason, handoff). Never raises.
 
-    KDA_DHU_FORCE is read here, once for the call (the implementation does not read it
-    again): unset, accepted where the kernel runs the call and where an input must be
-    copied first (the implementation copies, then runs the kernel or fla's function);
-    invalid input, host inputs and calls the kernel does not cover are rejections whose
-    reason says why (fla then runs, and raises its own error). ``fla``: rejected, so
-    fla's own kernel runs. ``kernel``: accepted, so kda-dhu runs the call and raises
-    where the kernel cannot compute it, as the direct entry points do. A bad value:
-    accepted, so the implementation raises the ValueError naming the switch, as every
-    route does.
+    The switches are read here, once for the call (the implementation does not read them
+    again). KDA_DHU_FORCE unset: accepted where the kernel runs the call and where an
+    input must be copied first (the implementation copies, then runs the kernel or fla's
+    function); invalid input, host inputs and calls the kernel does not cover are
+    rejections whose reason says why (fla then runs, and raises its own error). ``fla``:
+    rejected, so fla's own kernel runs. ``kernel``: accepted, so kda-dhu runs the call
+    and raises where the kernel cannot compute it, as the direct entry points do. A bad
+    value: accepted, so the implementation raises the ValueError naming the switch, as
+    every route does.
 
-    ``handoff``, for the implementation: the PreparedCall to launch, a ``Forced`` (run
-    through ``run_decided``), or None on a rejection.
+    ``handoff``, for the implementation (``run_decided``): the decision (a
+    ``_core.Call``), the switches (KDA_DHU_FORCE=kernel: decided there), the ValueError
+    of a bad switch, or None on a rejection.
     """
     try:
-        force = _force()
+        sw = _require_core().Switches.now()
     except ValueError as err:
-        return True, f"{type(err).__name__}: {err}", Forced(err)
-    if force == "kernel":
-        return True, f"{FORCE_ENV}=kernel", Forced(force)
+        return True, f"{type(err).__name__}: {err}", err
+    except ImportError as err:
+        return False, f"{type(err).__name__}: {err}", None
+    if sw.force == "kernel":
+        return True, f"{FORCE_ENV}=kernel", sw
+    if sw.force == "fla":
+        return False, f"{FORCE_ENV}=fla", None
     try:
         c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
                   chunk_indices, chunk_offsets, use_graph)  # fmt: skip
-        if _on_cpu(c.q):
-            return (*_host_verdict(c), None)
-        ok, reason, call = _verify(c, force)
+        with _device_ctx(c.q):
+            call = c.decide("extended", None, sw)
+            if call.action == "count":  # a packed batch without chunk_indices: count its chunks (validated)
+                call = c.decide("extended", chunk_count(c.cu_seqlens, c.q.shape[1]), sw)
+        if call.unavailable is not None:
+            _driver.note_unavailable(call.unavailable, stacklevel=5)
+        if call.action == "copy":
+            err = c.uncopyable(call.copies)
+            if err is not None:  # the implementation could not copy it: fla's function decides
+                raise err
+            return True, call.reason, call
     except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
         return False, f"{type(err).__name__}: {err}", None
-    return ok, reason, (call if ok else None)
+    ok = call.verdict[0]
+    return ok, call.reason, (call if ok else None)
 
 
-def run_decided(values: tuple, force):
-    """The fla backend's implementation of an accepted call that did not run in one
-    crossing: fla's signature's 16 arguments, under the verifier's reading of
-    KDA_DHU_FORCE (not read again)."""
+def run_decided(values: tuple, handoff):
+    """The fla backend's implementation of a call ``verify`` accepted: fla's signature's
+    16 arguments and the verifier's handoff (its decision is carried out, nothing is
+    decided twice; the switches are not read again)."""
+    if isinstance(handoff, Exception):  # a bad KDA_DHU_FORCE value, read by the verifier
+        raise handoff
+    core = _require_core()
+    if type(handoff) is core.Call and handoff.launch_only:
+        try:  # the verifier's work, not redone: allocate and launch in one crossing
+            return handoff.run(values[15])
+        except core.KernelUnavailableError:
+            pass  # carried out below: the warning, then fla's function
     c = _Call(*values[:9], _default_scale(values[0], values[9]), *values[10:])
-    return _general("extended", c, force)
+    if type(handoff) is core.Switches:  # KDA_DHU_FORCE=kernel: decided here, under the verifier's reading
+        with _device_ctx(c.q):
+            handoff = c.decide("extended", None, handoff)
+    return _carry_out("extended", c, handoff)
 
 
 def _plan(rule: str, c: _Call) -> tuple[bool, str]:
     """(the kernel runs the call, why) as the entry point of ``rule`` would run it now
-    (KDA_DHU_FORCE included); invalid input is (False, "TypeError: ...") . Never raises."""
+    (the switches included); invalid input is (False, "TypeError: ...") . Never raises."""
     try:
-        force = _force()
-        if _on_cpu(c.q):
-            return _host_verdict(c)
-        if rule == "extended":
-            ok, reason, call = _verify(c, force)
-            if call is not None and call.copies:  # accepted for the copy: the verdict on the copy
-                ok = call.verdict[0]
-            return ok, reason
+        sw = _require_core().Switches.now()
         with _device_ctx(c.q):
-            ok, reason, _, _ = _decide(rule, c, force)
-        return ok, reason
+            call = c.decide(rule, None, sw)
+            if call.count_chunks:  # a packed batch without chunk_indices: count its chunks (validated)
+                call = c.decide(rule, chunk_count(c.cu_seqlens, c.q.shape[1]), sw)
+        if call.unavailable is not None:
+            _driver.note_unavailable(call.unavailable, stacklevel=4)
+        return call.verdict[0], call.reason
     except Exception as err:  # noqa: BLE001 - a verdict, not a call
         return False, f"{type(err).__name__}: {err}"
 
@@ -515,14 +432,15 @@ def chunk_gated_delta_rule_bwd_dhu(
     Calls the kernel where ``plan_call`` accepts; otherwise fla's own function with the
     same (packed) arguments, so results match fla's to rounding either way.
     """
-    if not use_graph and _core is not None:
-        out = _core.run("extended", q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size,
-                        chunk_indices, chunk_offsets)  # fmt: skip
-        if out is not None:
-            return out
+    call = _require_core().run(
+        "extended", q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_indices,
+        chunk_offsets, use_graph,
+    )  # fmt: skip
+    if type(call) is tuple:
+        return call
     c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
               chunk_indices, chunk_offsets, use_graph)  # fmt: skip
-    return _general("extended", c, _force())
+    return _general("extended", c, call)
 
 
 chunk_gated_delta_rule_bwd_dhu._kda_dhu_entry = True
@@ -541,12 +459,11 @@ def kda_dhu_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size):
     Returns (dh [B, NT, HV, K, V] in qg's dtype, dh0 fp32 or None if h0 is None, dv2).
     Raises as ``chunk_gated_delta_rule_bwd_dhu`` does.
     """
-    if _core is not None:
-        out = _core.run("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size)
-        if out is not None:
-            return out
+    call = _require_core().run("b2a", qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size)
+    if type(call) is tuple:
+        return call
     c = _Call(qg, kg, w, do, dv, None, g2, h0, dht, scale, False, None, chunk_size, None, None, False)
-    return _general("b2a", c, _force())
+    return _general("b2a", c, call)
 
 
 def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> tuple[bool, str]:
@@ -557,14 +474,32 @@ def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> tuple[bool, s
     return _plan("b2a", c)
 
 
+def verdict_of(rule: str, c: _Call) -> tuple[bool, str]:
+    """The plan's verdict on a call under ``rule`` after its copies and chunk count, with
+    KDA_DHU_FORCE not read (tests). Raises what validation raises."""
+    core = _require_core()
+    with _device_ctx(c.q):
+        sw = core.Switches(check_inputs=core.Switches.now().check_inputs)
+        return _settle(rule, c, c.decide(rule, None, sw))[1].verdict
+
+
 def run_kernel(rule: str, c: _Call, poison: bool = False):
     """The kernel on a call under ``rule`` ("capable": wherever it can compute it), outputs
-    poisoned with NaN first if asked; RuntimeError where the plan is not the kernel."""
+    poisoned with NaN first if asked; RuntimeError where the plan is not the kernel.
+    KDA_DHU_FORCE is not read (KDA_DHU_CHECK_INPUTS is)."""
+    core = _require_core()
     with _device_ctx(c.q):
-        ok, reason, call, c = _decide(rule, c, None)
-        if not ok:
-            raise RuntimeError(f"the kernel cannot run this call: {reason}")
-        return _launch(c, call, poison)
+        sw = core.Switches(check_inputs=core.Switches.now().check_inputs)
+        c, call = _settle(rule, c, c.decide(rule, None, sw))
+        if call.action == "cpu":
+            return call.run()  # raises the device check's error, naming the input
+        if not call.verdict[0]:
+            raise RuntimeError(f"the kernel cannot run this call: {call.reason}")
+        if call.check_tables:
+            _host_check(c, call.nt)
+        if call.action == "empty":
+            return call.run()
+        return call.run(c.use_graph, poison)
 
 
 _errors_lock = threading.Lock()

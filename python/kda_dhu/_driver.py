@@ -46,7 +46,7 @@ def unavailable_ordinal(reason: object) -> int | None:
 
 
 def note_unavailable(reason: object, stacklevel: int = 3) -> bool:
-    """Warn once per device if ``reason`` (a fallback reason from ``_core.prepare`` /
+    """Warn once per device if ``reason`` (a fallback reason from ``_core.decide`` /
     ``plan`` / ``replan``, or a ``KernelUnavailableError``) says the device cannot run the
     kernel image; return whether it says so.
 

@@ -171,16 +171,17 @@ def _kernel_on(index: int) -> str:
     cuda:<index>: which kernel this GPU runs, or why none (the planner owns that rule)."""
     import torch
 
-    from . import _dispatch, bench
+    from . import _dispatch
+    from . import _measure as bench
 
     if _dispatch._core is None:
         return "unknown (no compiled extension)"
     device = f"cuda:{index}"
     a = bench.make_inputs(1, 64, 1, 1, 128, 64, torch.bfloat16, "gk", device=device)
     with torch.cuda.device(index):
-        ok, reason, _ = _dispatch._core.prepare(
+        ok, reason = _dispatch._core.decide(
             "capable", a["q"], a["k"], a["w"], a["do"], a["dv"], gk=a["gk"], h0=a["h0"], dht=a["dht"]
-        )
+        ).verdict
     return reason if ok else f"no kernel: fla's function runs ({reason})"
 
 
@@ -271,7 +272,7 @@ def _verdicts(row) -> tuple:
     inputs, built there and freed on return."""
     import kda_dhu
 
-    from . import bench
+    from . import _measure as bench
 
     a, _ = bench.row_inputs(row, device="cuda:0")
     ok, reason = kda_dhu.plan_call(**a)
@@ -293,7 +294,7 @@ def _routes(out) -> None:
         return
     import torch
 
-    from . import bench
+    from . import _measure as bench
 
     print("  shape: fla's backend / chunk_gated_delta_rule_bwd_dhu; kda_dhu_b2a", file=out)
     for row in bench.SHAPES:

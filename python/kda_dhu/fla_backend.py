@@ -14,10 +14,11 @@ only stage 4's pair.
 
 The verifier binds the caller's arguments (Python's own binding where fla's parameters
 are 0.6's, checked once at registration; fla's signature through ``inspect`` otherwise)
-and asks ``kda_dhu._dispatch.verify``: KDA_DHU_FORCE read once, then Rust reads,
-validates and plans the call once. An accepted call's handoff (the prepared plan, or the
-switch's reading) is kept (per thread) for the implementation, which fla calls next with
-the same arguments: it allocates and launches in one crossing, nothing decided twice. A
+and asks ``kda_dhu._dispatch.verify``: the switches read once, then Rust reads,
+validates and decides the call once. An accepted call's handoff (the decision, or the
+switches' reading) is kept (per thread) for the implementation, which fla calls next with
+the same arguments: it carries the decision out (the kernel: allocate and launch in one
+crossing), nothing decided twice. A
 call whose inputs must be copied is accepted too (fla's function would read them as if
 contiguous); the implementation copies and runs the kernel or fla's *undecorated*
 function, so nothing re-enters fla's dispatch wrapper.
@@ -153,14 +154,7 @@ def _make_backend_class(base: type) -> type:
             dispatch = _dispatch_module()
             if handoff is None or pending is None or not _same(values, pending):
                 return dispatch.chunk_gated_delta_rule_bwd_dhu(*values)  # no verdict of ours: decide anew
-            if isinstance(handoff, dispatch.Forced):  # the verifier read KDA_DHU_FORCE for this call
-                return dispatch.run_decided(values, handoff.force)
-            if not values[15]:
-                # The verifier's work, not redone: allocate and launch in one crossing.
-                out = handoff.run()
-                if out is not None:
-                    return out
-            return dispatch.run_decided(values, None)  # KDA_DHU_FORCE was unset when the verifier read it
+            return dispatch.run_decided(values, handoff)  # the verifier's decision, carried out
 
     KdaDhuBackend.__module__ = __name__
     KdaDhuBackend.__qualname__ = "KdaDhuBackend"

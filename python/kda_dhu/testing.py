@@ -356,10 +356,7 @@ def plan(args: dict, rule: str = "capable") -> tuple[bool, str]:
     dispatcher's general path decides it. Raises what validation raises."""
     from . import _dispatch
 
-    c = _call(args)
-    with _dispatch._device_ctx(c.q):
-        ok, reason, _, _ = _dispatch._decide(rule, c, None)
-    return ok, reason
+    return _dispatch.verdict_of(rule, _call(args))
 
 
 def run_kernel(args: dict, poison: bool = False, rule: str = "capable"):

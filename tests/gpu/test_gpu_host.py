@@ -1,5 +1,5 @@
 """GPU host path: the host time of an eager call; the one-crossing path (``_core.run``)
-against the general path (``_core.prepare`` + ``PreparedCall.launch``) and the stateless
+against the general path (``_core.decide`` + ``Call.launch``) and the stateless
 ``_core.launch``, bit for bit; what ``_core.run`` hands back; the outputs a prepared call
 checks; and the TMA descriptor cache (a hit with new addresses computes what a fresh
 encode computes; nothing kept alive; shared by threads).
@@ -126,7 +126,7 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
         return run_kernel(a, poison=True)
 
     def capable(a):
-        return _core.prepare(
+        return _core.decide(
             "capable",
             a["q"],
             a["k"],
@@ -140,7 +140,7 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
             a["scale"],
             False,
             a["cu_seqlens"],
-        )[0]
+        ).verdict[0]
 
     first = [inputs(c) for c in cases]
     keep = [i for i, a in enumerate(first) if capable(a)]  # sm_100: its envelope only
@@ -172,7 +172,7 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
             _assert_outputs_bitwise(kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a), outs_hit[i], f"public {i}")
 
 
-# fla's positional order of the call arguments (_core.prepare / _core.run after the rule)
+# fla's positional order of the call arguments (_core.decide / _core.run after the rule)
 POS = (
     "q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
     "chunk_indices", "chunk_offsets",
@@ -206,14 +206,14 @@ def _poisoned_outputs(call, a: dict):
 
 
 def _prepared_launch(call, a: dict):
-    """PreparedCall.launch into poisoned outputs on torch's current stream."""
+    """Call.launch into poisoned outputs on torch's current stream."""
     outs = _poisoned_outputs(call, a)
     call.launch(*outs, torch.cuda.current_stream().cuda_stream)
     return outs
 
 
 def test_prepared_launch_equals_the_stateless_launch(rng):
-    """PreparedCall.launch (inputs read once) and _core.launch (everything read and
+    """Call.launch (inputs read once) and _core.launch (everything read and
     validated again: chunk_indices before chunk_offsets) write the same bits, dense and
     packed (int32 cu_seqlens and chunk tables, chunk_offsets of N + 1 entries). < 1 s."""
     cases = [
@@ -227,11 +227,12 @@ def test_prepared_launch_equals_the_stateless_launch(rng):
     ]
     stream = torch.cuda.current_stream().cuda_stream
     for i, a in enumerate(cases):
-        ok, reason, call = _core.prepare("capable", *_pos(a))
-        assert ok, reason
+        call = _core.decide("capable", *_pos(a))
+        assert call.action == "kernel", call.reason
         prepared = _prepared_launch(call, a)
-        stateless = _poisoned_outputs(call, a)
-        _core.launch(*_pos(a), *stateless, stream)
+        dh, dh0, dv2 = _poisoned_outputs(call, a)
+        stateless = dh, dh0, dv2
+        _core.launch(*_pos(a), dh=dh, dh0=dh0, dv2=dv2, stream=stream)
         torch.cuda.synchronize()
         assert all(torch.isfinite(x).all() for x in prepared if x is not None), f"case {i}: unwritten"
         _assert_outputs_bitwise(prepared, stateless, f"case {i}: prepared vs stateless")
@@ -284,18 +285,18 @@ def _run_case(c: dict, rng, tables=None) -> dict:
 def test_one_crossing_run_equals_the_general_path(rng, rule, case, tables):
     """_core.run (read, validate, plan, allocate and launch in one call: the eager entry
     points' path for packed inputs, packed batches with chunk_indices included) writes the
-    bits of the general path (_core.prepare, outputs allocated and poisoned in Python,
-    PreparedCall.launch), with its outputs shaped, typed and placed as the general path's,
+    bits of the general path (_core.decide, outputs allocated and poisoned in Python,
+    Call.launch), with its outputs shaped, typed and placed as the general path's,
     and one kernel launch counted. < 1 s."""
     a = _run_case(case, rng, tables)
     if _core.device_arch(torch.cuda.current_device()) != "sm_90":
         pytest.skip("_core.run launches the verified sm_90a kernel only")
-    ok, reason, call = _core.prepare(rule, *_pos(a))
-    assert ok, reason
+    call = _core.decide(rule, *_pos(a))
+    assert call.action == "kernel", call.reason
     assert call.copies == [] and call.nt is not None, (call.copies, call.nt)
     before = _core.launch_count()
     got = _core.run(rule, *_pos(a))
-    assert got is not None, "run handed a kernel-planned call back"
+    assert type(got) is tuple, f"run handed a kernel-planned call back: {got!r}"
     assert _core.launch_count() == before + 1
     expect = _prepared_launch(call, a)
     torch.cuda.synchronize()
@@ -310,37 +311,51 @@ def test_one_crossing_run_equals_the_general_path(rng, rule, case, tables):
 
 
 def test_one_crossing_run_hands_back_what_it_does_not_launch(rng, monkeypatch):
-    """None, and no launch, for what the general path decides: a fallback plan (K = 256,
-    a b2a call below 256 CTAs), an input to copy, a packed batch without chunk_indices
-    (NT unknown without a host read) or with no chunks at all, KDA_DHU_FORCE and
-    KDA_DHU_CHECK_INPUTS set; invalid input raises as prepare does. The public entry point
-    takes _core.run for dense and packed kernel calls (the general path is not entered)."""
+    """The decision (a _core.Call), and no launch, for what the Python layer carries out:
+    a fallback plan (K = 256, a b2a call below 256 CTAs: "fla"), an input to copy
+    ("copy"), a packed batch without chunk_indices (NT unknown without a host read:
+    "count"), KDA_DHU_FORCE=fla ("fla") and KDA_DHU_CHECK_INPUTS (the host check first);
+    KDA_DHU_FORCE=kernel launches where the kernel runs the call; a packed batch with no
+    chunks at all gets its outputs without a launch. Invalid input raises as decide does.
+    The public entry point takes _core.run for dense and packed kernel calls (the general
+    path is not entered)."""
     monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
     monkeypatch.delenv("KDA_DHU_CHECK_INPUTS", raising=False)
     before = _core.launch_count()
+
+    def handed_back(rule, a, action):
+        call = _core.run(rule, *_pos(a))
+        assert type(call) is _core.Call and call.action == action, (call, action)
+        return call
+
     a = _run_case(dict(B=1, T=64, H=1, HV=1, K=256, V=64, gate="gk"), rng)
-    assert _core.run("extended", *_pos(a)) is None
+    handed_back("extended", a, "fla")
     a = _tiny(rng)
-    assert _core.run("b2a", *_pos(a)) is None  # 1 CTA < the seed's 256
+    handed_back("b2a", a, "fla")  # 1 CTA < the seed's 256
     misaligned = dict(a, q=relayout(a["q"], "offset_misaligned"))
-    assert _core.run("extended", *_pos(misaligned)) is None  # q must be copied
+    assert handed_back("extended", misaligned, "copy").copies == ["q"]  # q must be copied
     v = _run_case(dict(B=1, T=None, H=1, HV=1, K=128, V=64, gate="gk", varlen_lengths=[100, 30]), rng)
-    assert _core.run("extended", *_pos(v)) is None  # no chunk_indices
+    handed_back("extended", v, "count")  # no chunk_indices
     empty = _with_tables(
         _run_case(dict(B=1, T=64, H=1, HV=1, K=128, V=64, gate="gk", varlen_lengths=[0, 0]), rng)
     )
     assert empty["chunk_indices"].shape[0] == 0
-    assert _core.run("extended", *_pos(empty)) is None  # NT = 0: nothing to launch
+    dh, dh0, dv2 = _core.run("extended", *_pos(empty))  # NT = 0: the outputs, nothing to launch
+    assert dh.shape[1] == 0 and dh0 is not None and bool((dh0 == empty["dht"]).all()) and not dv2.any()
     tables = _with_tables(v)
-    for switch, value in (
-        ("KDA_DHU_FORCE", "kernel"),
-        ("KDA_DHU_FORCE", "fla"),
-        ("KDA_DHU_CHECK_INPUTS", "1"),
-    ):
-        monkeypatch.setenv(switch, value)
-        assert _core.run("extended", *_pos(tables)) is None, switch
-        monkeypatch.delenv(switch)
+    monkeypatch.setenv("KDA_DHU_FORCE", "fla")
+    assert handed_back("extended", tables, "fla").verdict == (False, "KDA_DHU_FORCE=fla")
+    monkeypatch.delenv("KDA_DHU_FORCE")
+    monkeypatch.setenv("KDA_DHU_CHECK_INPUTS", "1")
+    assert handed_back("extended", tables, "kernel").check_tables
+    monkeypatch.delenv("KDA_DHU_CHECK_INPUTS")
     assert _core.launch_count() == before, "a handed-back call launched"
+    if _core.device_arch(torch.cuda.current_device()) == "sm_90":
+        monkeypatch.setenv("KDA_DHU_FORCE", "kernel")
+        assert type(_core.run("b2a", *_pos(a))) is tuple  # the capable plan: the kernel, launched
+        monkeypatch.delenv("KDA_DHU_FORCE")
+        assert _core.launch_count() == before + 1
+        before += 1
     with pytest.raises(TypeError, match=r"^dv: expected dtype bfloat16"):
         _core.run("extended", *_pos(dict(a, dv=a["dv"].half())))
     if _core.device_arch(torch.cuda.current_device()) == "sm_90":
@@ -357,9 +372,9 @@ def test_one_crossing_run_hands_back_what_it_does_not_launch(rng, monkeypatch):
 
 
 def test_prepared_launch_checks_the_outputs(rng):
-    """What PreparedCall.launch reads, it checks, naming the argument; no launch happens."""
+    """What Call.launch reads, it checks, naming the argument; no launch happens."""
     a = _tiny(rng)
-    _, _, call = _core.prepare(
+    call = _core.decide(
         "extended", a["q"], a["k"], a["w"], a["do"], a["dv"], None, a["gk"], a["h0"], a["dht"], a["scale"]
     )
     stream = torch.cuda.current_stream().cuda_stream

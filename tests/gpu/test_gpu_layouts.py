@@ -13,7 +13,7 @@ point, the custom op, fla's public function with kda-dhu registered (the registr
 - the kernel runs where the plan is the kernel, fla's function where it is not (counted
   launches); the registry's verifier accepts a call whose input must be copied (fla's
   function would read it as if contiguous) and says so;
-- ``PreparedCall.copies`` names exactly the inputs that are not packed (contiguous, and
+- ``Call.copies`` names exactly the inputs that are not packed (contiguous, and
   16-byte aligned where the kernel reads them through TMA or vector loads; g and h0 need
   no alignment, h0 is never read);
 - the caller's tensors (their layout, address and every byte of their storage) are left
@@ -145,9 +145,9 @@ def test_every_layout_gives_the_contiguous_answer(rng, name, route):
         a = dict(args, **{name: x})
         ref, errs = _contiguous_baseline(a) if layout == "expanded" else base
         copies = _expected_copies(name, x)
-        _, _, prepared = _core.prepare("extended", *(a.get(k) for k in POS))
+        prepared = _core.decide("extended", *(a.get(k) for k in POS))
         if prepared.copies != copies:
-            failures.append(f"{layout}: PreparedCall.copies {prepared.copies}, expected {copies}")
+            failures.append(f"{layout}: Call.copies {prepared.copies}, expected {copies}")
         before = _snapshot(a)
         with backend_mode("kda_dhu") if registry else contextlib.nullcontext(), KernelProbe() as probe:
             outs = call(a)

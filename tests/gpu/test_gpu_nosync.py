@@ -24,7 +24,7 @@ device-side checks of packed batches.
    matches the float64 reference of its data (the real chunks' rows of dh).
 3. Device-side checks: each bad packed batch of ``kda_dhu.testing.BAD_BATCHES``
    (cu_seqlens[0] != 0, decreasing, past T, a wrong chunk_offsets table, chunks past NT,
-   garbage values), launched through ``_core.prepare`` + ``PreparedCall.launch`` into
+   garbage values), launched through ``_core.decide`` + ``Call.launch`` into
    outputs placed inside larger buffers filled with a sentinel: the sentinel is intact
    (nothing written out of bounds), the failing sequence's outputs are NaN where its
    entries bound them, every other sequence's match the reference, and the next call
@@ -429,7 +429,8 @@ def test_a_bad_packed_batch_is_contained_and_named_by_the_next_call(rng, name, i
     the error is raised once. < 1 s each."""
     dtype = getattr(torch, index_dtype)
     good, bad_call, bad = _batch(rng, name, dtype)
-    ok, reason, call = _core.prepare("capable", *(bad_call.get(k) for k in _POS))
+    call = _core.decide("capable", *(bad_call.get(k) for k in _POS))
+    ok, reason = call.verdict
     assert ok, reason
     dh_shape, dh0_shape, dv2_shape = call.out_shapes()
     bufs = [_guarded(dh_shape, BF16), _guarded(dh0_shape, torch.float32), _guarded(dv2_shape, BF16)]

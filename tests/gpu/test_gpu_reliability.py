@@ -269,7 +269,7 @@ def test_outputs_past_2_31_elements_match_fla():
     dh/dh0/dv2 < 1e-2, every element written (NaN-poisoned beforehand), and the last
     batch row and last chunk of dh elementwise close to fla. ~5 s on an H200 (plus fla's
     compile/autotune on the small warm-up call if no earlier test did it: ~20 s)."""
-    from kda_dhu import bench
+    from kda_dhu import _measure as bench
 
     _free_all()
     free, _total = torch.cuda.mem_get_info()

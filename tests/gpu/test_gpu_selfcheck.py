@@ -97,22 +97,33 @@ def test_dispatcher_uses_fla_until_the_check_passed(tmp_path, monkeypatch, rng):
     from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref
     from kda_dhu.testing import KernelProbe
 
-    real_decide, real_core = _dispatch._decide, _dispatch._core
+    real_core = _dispatch._core
 
-    def relabelled(rule, c, force):
-        ok, reason, call, c = real_decide(rule, c, force)
-        return ok, ("kernel-sm100a" if reason == "kernel-sm90a" else reason), call, c
+    class Relabelled:
+        """A decision whose sm_90a kernel runs as the sm_100a one would: through the guard."""
+
+        def __init__(self, call):
+            self._call = call
+
+        def __getattr__(self, name):
+            return getattr(self._call, name)
+
+        @property
+        def guarded(self):
+            return self._call.action == "kernel"
 
     class GeneralPathCore:
-        """The core, less the one-crossing path (which runs sm_90a plans unguarded)."""
+        """The core, less the one-crossing path (which runs sm_90a decisions unguarded)."""
 
         def run(self, *a, **k):
             return None
 
+        def decide(self, *a, **k):
+            return Relabelled(real_core.decide(*a, **k))
+
         def __getattr__(self, name):
             return getattr(real_core, name)
 
-    monkeypatch.setattr(_dispatch, "_decide", relabelled)
     monkeypatch.setattr(_dispatch, "_core", GeneralPathCore())
     monkeypatch.setattr(
         _dispatch, "SM100_CHECK", SelfCheck("sm_100a", cache_dir=str(tmp_path), limits=LIMITS)

@@ -11,8 +11,10 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO_ROOT
-from kda_dhu import bench
+from helpers import BENCHES, REPO_ROOT, lab_module
+from kda_dhu import _measure
+
+bench = lab_module("bench")  # benches/bench.py: the records, tables, plots
 
 RECORD = os.path.join(REPO_ROOT, "benches", "results", "latest.json")
 
@@ -43,7 +45,7 @@ def test_readme_tables_are_the_records_tables():
     assert "<!-- bench-table: benches/results/latest.json -->" in text
     assert bench.markdown_table(_record()) in text
     assert bench.update_readme(README, check=True) is False, (
-        "README's speed tables differ from their records: python -m kda_dhu.bench --readme README.md"
+        "README's speed tables differ from their records: python benches/bench.py --readme README.md"
     )
 
 
@@ -61,7 +63,7 @@ def test_docs_performance_tables_are_the_records_tables():
     assert "<!-- bench-table: ../benches/results/2026-11-30-NVIDIA_H200-forced-c99b8b5.json -->" in text
     assert bench.update_readme(DOCS_PERFORMANCE, check=True) is False, (
         "docs/performance.md's tables differ from their records: "
-        "python -m kda_dhu.bench --readme docs/performance.md"
+        "python benches/bench.py --readme docs/performance.md"
     )
 
 
@@ -84,7 +86,7 @@ def test_the_path_column_gives_the_planners_condition_without_a_quoted_figure():
 
 def test_floor_bytes_matches_the_anchor():
     # prod8192, fla 0.6.0 anchor: 8.690597888 GB
-    assert bench.floor_bytes(16, 8192, 32, 32, 128, 128, 16 * 128 // 16, 16) == 8690597888
+    assert _measure.floor_bytes(16, 8192, 32, 32, 128, 128, 16 * 128 // 16, 16) == 8690597888
 
 
 def _has_matplotlib() -> bool:
@@ -140,10 +142,13 @@ def _plot_cli(tmp_path, hide_matplotlib: bool) -> subprocess.CompletedProcess:
     code = (
         "import sys\n"
         + ("sys.modules['matplotlib'] = None\n" if hide_matplotlib else "")
-        + "from kda_dhu.bench import main\n"
+        + f"sys.path.insert(0, {BENCHES!r})\n"
+        + "from bench import main\n"
         + f"sys.exit(main(['--table', {RECORD!r}, '--plot', {str(tmp_path / 'r.png')!r}]))\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    import kda_dhu
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kda_dhu.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
@@ -169,12 +174,12 @@ def test_reset_fla_autotune_clears_the_stage4_tuners():
     """The bench forgets fla's tuned stage-4 configs before each row (and stops fla's disk
     cache of them): a config left in an autotuner's cache is gone afterwards."""
     pytest.importorskip("fla")
-    tuners = bench.fla_stage4_autotuners()
+    tuners = _measure.fla_stage4_autotuners()
     if not tuners:
         pytest.skip("this fla's stage-4 kernels have no Triton autotuner")
     for t in tuners:
         t.cache[("planted",)] = object()
-    assert bench.reset_fla_autotune() == len(tuners)
+    assert _measure.reset_fla_autotune() == len(tuners)
     for t in tuners:
         assert ("planted",) not in t.cache
         assert getattr(t, "cache_results", False) is False
@@ -202,7 +207,7 @@ def test_a_sample_of_pairs_is_the_whole_call_at_those_pairs(gate, state_v_first)
     )
     pairs = [(0, 3), (1, 0), (2, 1), (2, 2)]
     whole = chunk_gated_delta_rule_bwd_dhu_ref(**a)
-    sampled = chunk_gated_delta_rule_bwd_dhu_ref(**bench.sample_pairs(a, pairs))
-    for name, s, w in zip(("dh", "dh0", "dv2"), sampled, bench.sample_outputs(whole, pairs)):
+    sampled = chunk_gated_delta_rule_bwd_dhu_ref(**_measure.sample_pairs(a, pairs))
+    for name, s, w in zip(("dh", "dh0", "dv2"), sampled, _measure.sample_outputs(whole, pairs)):
         assert s.shape == w.shape, (name, s.shape, w.shape)
         assert torch.equal(s, w), name

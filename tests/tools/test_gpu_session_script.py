@@ -39,7 +39,7 @@ case "$*" in
   benches/e2e.py*)
     d=$(outdir "$@"); mkdir -p "$d"; echo '{"complete": false}' > "$d/e2e-partial.json"
     echo "[1/2] kda_b8_t4096_h32 ..."; echo "FAILED:"; echo "targets: 1 of 4 met"; exit 1;;
-  "-m kda_dhu.bench"*)
+  benches/bench.py*)
     d=$(outdir "$@"); mkdir -p "$d"; echo '{"rows": []}' > "$d/latest.json"; echo "[1/1] prod8192 ..."; exit 0;;
   benches/variants.py*) sleep 30; exit 0;;
   "-m kda_dhu --doctor"*) echo "kernel image of cuda:0: dhu_sm90 sm_90a, CUDA ${KDA_DHU_IMAGE#cuda} image (stub)"; exit 0;;

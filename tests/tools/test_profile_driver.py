@@ -21,7 +21,7 @@ def _run(*args):
 
 
 def test_list_is_the_bench_table():
-    from kda_dhu import bench
+    from kda_dhu import _measure as bench
 
     proc = _run("--list")
     assert proc.returncode == 0, proc.stderr
@@ -51,7 +51,7 @@ def test_row_inputs_carry_the_rows_layout_and_lengths(monkeypatch):
     """bench.row_inputs: the one place a table row becomes a call (bench, variants, the
     profile driver): state_v_first states for the rows named in STATE_V_FIRST, packed
     lengths for "avg1k" rows."""
-    from kda_dhu import bench
+    from kda_dhu import _measure as bench
 
     monkeypatch.setattr(bench, "STATE_V_FIRST", {"tiny_svf"})
     a, lengths = bench.row_inputs(("tiny_svf", 2, 128, 2, 2, 64, 128, "gk", None), device="cpu")

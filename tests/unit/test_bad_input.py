@@ -768,7 +768,7 @@ def test_prepare_and_plan_raise_the_same(case: Bad):
     """The planner (and the prepared call of the kernel path) validate first: the same error."""
     kw = case.make()
     snap = _snapshot(kw)
-    for fn in (_core.prepare,):
+    for fn in (_core.decide,):
         with pytest.raises(case.exc, match=case.match):
             fn("extended", **kw)
     _assert_unchanged(kw, snap)
@@ -915,13 +915,16 @@ def test_valid_cpu_input_runs_on_the_cpu_and_stops_at_the_kernels_device_check(m
         assert np.isfinite(np.asarray(dv2.float() if isinstance(dv2, torch.Tensor) else dv2)).all()
         ok, reason = kda_dhu.plan_call(**kw)
         assert ok is False and reason.startswith("cpu: "), reason
-    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
-        _core.prepare("capable", **kw)
+    if kw.get("chunk_size", 64) not in (64, None) and not isinstance(kw.get("chunk_size"), bool):
+        with pytest.raises(ValueError, match=r"^chunk_size: the CPU path takes 64"):
+            _core.decide("capable", **kw)
+    else:  # the one decision of a call in host memory: kda-dhu's CPU implementation
+        assert _core.decide("capable", **kw).action == "cpu"
     _assert_unchanged(kw, snap)
 
 
 def test_plan_rule_names_the_choices():
-    for fn in (_core.prepare,):
+    for fn in (_core.decide,):
         with pytest.raises(
             ValueError, match=r"^rule: expected 'b2a', 'extended' or 'capable', got \"fast\"$"
         ):
@@ -1121,10 +1124,10 @@ cases = {
 }
 out = {}
 for name, over in cases.items():
-    fn = core.prepare if name.endswith("(plan)") else core.validate
-    args = ("extended",) if fn is core.prepare else ()
+    fn = core.decide if name.endswith("(plan)") else core.validate
+    args = ("extended",) if fn is core.decide else ()
     kw = {**base(), **over}
-    if fn is core.prepare:  # every tensor on "cuda:0" except the one under test
+    if fn is core.decide:  # every tensor on "cuda:0" except the one under test
         kw = {k: (v if k in over else Producer(list(v.shape), code=(4 if v.dtype == torch.bfloat16 else 2),
                                                  bits=(16 if v.dtype == torch.bfloat16 else 32), device=(2, 0)))
               for k, v in kw.items()}
@@ -1353,16 +1356,16 @@ def test_run_hands_back_non_plain_tensors_before_reading_them():
         odd[i] = odd[i].as_subclass(Recording)
         assert _core.run("extended", *odd, a.get("scale")) is None, i
     assert calls == []
-    # plain CPU tensors are read, and handed to the general path (the CPU path)
-    assert _core.run("extended", *pos, a.get("scale")) is None
+    # plain CPU tensors are read, and handed back decided: the CPU path
+    assert _core.run("extended", *pos, a.get("scale")).action == "cpu"
 
 
-@pytest.mark.parametrize("value,fast", [(None, True), ("", True), ("0", True), (" Auto ", True), ("fla", False),
-                                        ("kernel", False), ("bogus", False)])  # fmt: skip
-def test_one_crossing_only_when_force_reads_as_unset(monkeypatch, value, fast):
-    """KDA_DHU_FORCE values read as unset keep the one-crossing path (_core.run reads and
-    validates: a 3-D q is named); "fla", "kernel" and invalid values hand the call to the
-    general path (None) before anything is read."""
+@pytest.mark.parametrize("value", [None, "", "0", " Auto ", "fla", "kernel", "bogus"])
+def test_one_crossing_reads_force_once(monkeypatch, value):
+    """_core.run reads KDA_DHU_FORCE once, first, as every route does: an invalid value
+    raises naming the switch before anything is read; any other value (the unset ones,
+    "fla", "kernel") goes on to read and validate the call (a 3-D q is named), the switch
+    then part of the one decision (cargo test the_switches_decide_once)."""
     if value is None:
         monkeypatch.delenv(_dispatch.FORCE_ENV, raising=False)
     else:
@@ -1370,11 +1373,13 @@ def test_one_crossing_only_when_force_reads_as_unset(monkeypatch, value, fast):
     a = call()
     pos = [a.get(n) for n in ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")]
     pos[0] = pos[0][0]  # 3-D
-    if fast:
-        with pytest.raises(ValueError, match=r"^q: expected a 4-D tensor"):
-            _core.run("extended", *pos, a.get("scale"))
-    else:
-        assert _core.run("extended", *pos, a.get("scale")) is None
+    match = (
+        r"^KDA_DHU_FORCE: expected 'kernel', 'fla' or unset"
+        if value == "bogus"
+        else r"^q: expected a 4-D tensor"
+    )
+    with pytest.raises(ValueError, match=match):
+        _core.run("extended", *pos, a.get("scale"))
 
 
 def test_dlpack_intake_is_the_exchange_api_where_torch_has_one():

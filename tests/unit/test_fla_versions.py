@@ -147,12 +147,26 @@ _CHILD = """
     sys.modules["kda_dhu._fla"]._fla_fn = kda_dhu._fla_compat.adapt(stand_in)
 
     # every patched module's name routes to kda-dhu's dispatcher, which falls back to fla's
-    # function with what that fla takes (KDA_DHU_FORCE=fla keeps the one-crossing path out;
-    # the verdict is a stand-in: the real one needs CUDA tensors)
+    # function with what that fla takes (the decision is a stand-in: the real one needs CUDA
+    # tensors)
     import types
-    stand_in_call = types.SimpleNamespace(nt=2, copies=[])
-    _dispatch._decide = lambda rule, c, force: (False, "stand-in verdict", stand_in_call, c)
-    _dispatch._on_cpu = lambda q: False  # CPU tensors stand in for CUDA ones
+    stand_in_call = types.SimpleNamespace(
+        action="fla", nt=2, copies=[], count_chunks=False, check_tables=False, unavailable=None, guarded=False,
+        verdict=(False, "stand-in verdict"), reason="stand-in verdict", switches=None,
+    )
+    real_core = _dispatch._core
+
+    class StandInCore:  # CPU tensors stand in for CUDA ones: the decision is a stand-in
+        def __getattr__(self, name):
+            return getattr(real_core, name)
+
+        def run(self, *a, **k):
+            return None
+
+        def decide(self, *a, **k):
+            return stand_in_call
+
+    _dispatch._core = StandInCore()
     a = make_inputs(1, 100, 2, 2, 64, 64, torch.bfloat16, "gk")
     results = [sys.modules[n].chunk_gated_delta_rule_bwd_dhu(**a) for n in out["patched_modules"]]
     out["results"] = sorted(set(results))

@@ -14,8 +14,8 @@ import textwrap
 
 import kda_dhu
 import pytest
-from helpers import ROUTE_SWITCHES
-from kda_dhu import bench, doctor
+from helpers import REPO_ROOT, ROUTE_SWITCHES
+from kda_dhu import _measure, doctor
 
 # The folder kda_dhu is imported from, for the fresh interpreters.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kda_dhu.__file__)))
@@ -159,7 +159,7 @@ def test_patch_stays_the_function_after_its_module_is_imported():
     "args, usage",
     [
         (["-m", "kda_dhu", "--help"], "usage: python -m kda_dhu "),
-        (["-m", "kda_dhu.bench", "--help"], "usage: python -m kda_dhu.bench "),
+        ([os.path.join(REPO_ROOT, "benches", "bench.py"), "--help"], "usage: python benches/bench.py "),
     ],
 )
 def test_help_imports_neither_torch_nor_fla(args, usage):
@@ -175,14 +175,17 @@ def test_help_imports_neither_torch_nor_fla(args, usage):
     "args, expected",
     [
         (["-m", "kda_dhu", "--shape", "prod_8192"], "invalid choice: 'prod_8192'"),
-        (["-m", "kda_dhu.bench", "--shapes", "prod8192,b8_t4096"], "unknown shape(s) ['b8_t4096']"),
+        (
+            [os.path.join(REPO_ROOT, "benches", "bench.py"), "--shapes", "prod8192,b8_t4096"],
+            "unknown shape(s) ['b8_t4096']",
+        ),
     ],
 )
 def test_a_mistyped_shape_fails_before_torch_with_the_shape_list(args, expected):
     proc = _run(["-X", "importtime", *args])
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     assert expected in proc.stderr, proc.stderr[-3000:]
-    for name, *_ in bench.SHAPES:
+    for name, *_ in _measure.SHAPES:
         assert name in proc.stderr, name
     assert not _imported(proc.stderr) & {"torch", "fla"}
 
@@ -309,7 +312,7 @@ def test_doctor_routes_every_readme_shape(doctor_out):
 
     out = doctor_out
     routes = out.split("== routes of the README's shapes", 1)[1]
-    for name, *_ in bench.SHAPES:
+    for name, *_ in _measure.SHAPES:
         line = next((ln for ln in routes.splitlines() if ln.strip().startswith(name + " ")), None)
         assert line is not None, (name, routes)
         assert "kernel-sm" in line or "fla (" in line, line

@@ -100,51 +100,54 @@ class _FlaStandIn:
 
 
 class _Call:
-    """A PreparedCall (dense, nothing to copy) whose launch answers with `error` (None:
-    launches nothing)."""
+    """A ``_core.Call`` (dense, nothing to copy) on a device whose image is unusable
+    (``ok`` False: the decision is fla's function, and says why) or found unusable only at
+    the launch (``error``: what the launch raises; None: launches nothing)."""
 
     copies: list = []
+    count_chunks = check_tables = guarded = False
 
     def __init__(self, args, ok, reason, error=None):
         self.error, self.launches = error, 0
-        q, do, h0 = args["q"], args["do"], args["h0"]
-        B, T, H, K = q.shape
-        HV, V = do.shape[2], do.shape[3]
-        self.nt = (T + 63) // 64
-        self.shapes = ((B, self.nt, HV, K, V), tuple(h0.shape), (B, T, HV, V))
+        self.nt = (args["q"].shape[1] + 63) // 64
         self.verdict = (ok, reason)
+        self.reason = reason
+        self.action = "kernel" if ok else "fla"
+        self.launch_only = ok
+        self.unavailable = None if ok else reason
+        self.switches = None
 
-    def out_shapes(self):
-        return self.shapes
-
-    def launch(self, *a):
+    def run(self, use_graph=False, poison=False):
         self.launches += 1
         if self.error is not None:
             raise self.error
 
-    def replan(self, rule):
-        return False, REASON
+
+class _Switches:
+    force = None
+    check_inputs = False
+
+    @staticmethod
+    def now():
+        return _Switches()
 
 
 class _Core:
-    """The extension as it answers for one device: `call`'s verdict from prepare, its launch."""
+    """The extension as it decides for one device: `call` from decide, its launch."""
 
     KernelUnavailableError = _core.KernelUnavailableError
+    Call, Switches = _Call, _Switches
 
-    def __init__(self, call, force=None):
-        self.call, self.forced = call, force
+    def __init__(self, call, forced_error=None):
+        self.call, self.forced_error = call, forced_error
 
-    def run(self, *a):  # the one-crossing path hands the call back, as for any non-kernel plan
+    def run(self, *a):  # as for a tensor that is not a plain torch.Tensor: decided in Python's device scope
         return None
 
-    def prepare(self, *a):
-        return (*self.call.verdict, self.call)
-
-    def force(self):
-        return self.forced
-
-    def switch(self, name):
-        return None
+    def decide(self, *a, **kw):
+        if self.forced_error is not None:
+            raise self.forced_error
+        return self.call
 
 
 def _three_entry_points(args):
@@ -158,9 +161,9 @@ def _three_entry_points(args):
     return outs, verdict
 
 
-def _stand_ins(monkeypatch, call, force=None):
+def _stand_ins(monkeypatch, call, forced_error=None):
     fla = _FlaStandIn()
-    monkeypatch.setattr(_dispatch, "_core", _Core(call, force))
+    monkeypatch.setattr(_dispatch, "_core", _Core(call, forced_error))
     monkeypatch.setattr(_dispatch, "fla_function", lambda: fla)
     monkeypatch.setattr(_dispatch, "_current_stream", lambda q: 0)
     monkeypatch.setattr(_dispatch, "_on_cpu", lambda q: False)  # the stand-in device is a GPU
@@ -186,12 +189,12 @@ def test_an_unavailable_verdict_runs_fla_with_one_warning(monkeypatch, rng, fres
 
 
 def test_kernel_force_on_an_unavailable_device_says_why(monkeypatch, rng, fresh_warnings):
+    """KDA_DHU_FORCE=kernel on such a device: the decision's RuntimeError (the core's
+    `Error::Forced`, cargo test `the_switches_decide_once`) names the unavailability."""
     args = make_inputs(1, 64, 1, 1, 64, 64, generator=rng)
-    _stand_ins(monkeypatch, _Call(args, False, REASON), force="kernel")
-    with (
-        pytest.warns(KernelUnavailableWarning),
-        pytest.raises(RuntimeError, match="kernel unavailable on cuda:0"),
-    ):
+    forced = RuntimeError(f"KDA_DHU_FORCE=kernel, but the kernel cannot run this call: {REASON}")
+    _stand_ins(monkeypatch, _Call(args, False, REASON), forced_error=forced)
+    with pytest.raises(RuntimeError, match="kernel unavailable on cuda:0"):
         kda_dhu.chunk_gated_delta_rule_bwd_dhu(**args)
 
 

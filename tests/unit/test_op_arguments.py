@@ -69,8 +69,8 @@ def _text_names(fn) -> list[str]:
 @pytest.mark.parametrize(
     "name, before, after",
     [
-        ("run", ["rule"], []),
-        ("prepare", ["rule"], ["nt"]),
+        ("run", ["rule"], ["use_graph"]),
+        ("decide", ["rule"], ["nt", "switches"]),
         ("validate", [], []),
         ("launch", [], ["dh", "dh0", "dv2", "stream"]),
         ("cpu_bwd_dhu", ["mode"], ["poison", "check_only"]),

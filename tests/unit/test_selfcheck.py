@@ -12,6 +12,7 @@ import signal
 import sys
 import textwrap
 import time
+import types
 import warnings
 
 import pytest
@@ -627,28 +628,32 @@ def test_signature_of_a_call():
 
 
 class _FakeCall:
-    nt = 1
+    """A ``_core.Call`` deciding the kernel (``reason``: its label), launched by ``run_kernel``."""
 
+    nt, copies, count_chunks, check_tables, unavailable, switches = 1, [], False, False, None, None
+    action = "kernel"
 
-class _FakeCore:
-    @staticmethod
-    def run(*a, **k):
-        return None  # the one-crossing path hands the call to the general path
+    def __init__(self, reason, run_kernel):
+        self.reason, self.verdict, self._run = reason, (True, reason), run_kernel
+        self.guarded = reason == "kernel-sm100a"
+        self.launch_only = not self.guarded
 
-    @staticmethod
-    def force():
-        return None
+    def run(self, use_graph=False, poison=False):
+        return self._run()
 
 
 def _inject_plan(monkeypatch, reason, run_kernel, run_fla):
-    """The general path with an injected plan (``reason``), kernel and fla. (The
-    one-crossing path, _core.run, hands sm_100a plans to the general path: cargo test
-    plan_runs_in_one_crossing_only_on_sm90.)"""
-    monkeypatch.setattr(_dispatch, "_core", _FakeCore)
-    monkeypatch.setattr(_dispatch, "_require_core", lambda: _FakeCore)
-    monkeypatch.setattr(_dispatch, "_on_cpu", lambda q: False)
-    monkeypatch.setattr(_dispatch, "_decide", lambda rule, c, force: (True, reason, _FakeCall, c))
-    monkeypatch.setattr(_dispatch, "_launch", lambda *a, **k: run_kernel())
+    """The general path with an injected decision (the kernel, ``reason``), kernel and fla.
+    (The one-crossing path, _core.run, hands sm_100a decisions back: cargo test
+    the_blackwell_kernel_is_guarded.)"""
+    call = _FakeCall(reason, run_kernel)
+    fake = types.SimpleNamespace(
+        run=lambda *a, **k: None,  # as for an input read in Python's device scope
+        decide=lambda *a, **k: call,
+        KernelUnavailableError=_dispatch._require_core().KernelUnavailableError,
+    )
+    monkeypatch.setattr(_dispatch, "_core", fake)
+    monkeypatch.setattr(_dispatch, "_require_core", lambda: fake)
     monkeypatch.setattr(_dispatch._Call, "fla", lambda self: run_fla())
 
 
