@@ -1,4 +1,4 @@
-"""One kernel launch per shape for Nsight Compute (scripts/profile.sh): the bench table's
+"""One kernel launch per shape for Nsight Compute (scripts/device/profile.sh): the bench table's
 inputs, the kernel path only, warm-up launches first so that the profiled launch
 (ncu --launch-skip) is a steady-state one.
 

@@ -36,7 +36,7 @@ struct FragGeom {
   int row0;      // 16w + l/4
   int col0;      // 2 (l % 4)
   uint32_t xr;   // l / 4: the swizzle's row term for every row this thread owns
-  // (Host and device: scripts/layout_check_regstate.cu checks it on the CPU.)
+  // (Host and device: scripts/build/layout_check_regstate.cu checks it on the CPU.)
   __host__ __device__ __forceinline__ explicit FragGeom(int t)
       : row0((t >> 5) * 16 + ((t & 31) >> 2)), col0(2 * (t & 3)), xr(uint32_t((t & 31) >> 2)) {}
   // Row and column of element i (of a 64-row block).

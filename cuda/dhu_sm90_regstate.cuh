@@ -35,7 +35,7 @@
 // rows and columns. So an accumulator re-packed pairwise is the A fragment of the next
 // product whose K dim is its N (as FlashAttention-3 feeds P into P.V), and ldmatrix /
 // stmatrix x4 of one k-block move registers 4kb..4kb+3 (SmGeom below). Checked on the
-// CPU by scripts/layout_check_regstate.sh.
+// CPU by scripts/build/layout_check_regstate.sh.
 //
 // The serial chain per chunk: bf16(b) -> DV -> dv2 -> WD -> bf16(b): two wgmma batches and
 // two register epilogues. The tensor pipe runs DV_i, QD_{i+1}, WD_i back to back; the
@@ -700,7 +700,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         // The batch row from ctaid_z(), uniform to ptxas: from ext.b_row (a per-thread
         // value to ptxas) ptxas 13.0 moved it into the store's uniform register under a
         // predicate that the dh store's uniformizing loop had just set to true, so the
-        // move never ran and dv2 went to a stale row (scripts/check_sass.py finds such
+        // move never ran and dv2 went to a stale row (scripts/build/check_sass.py finds such
         // dead moves).
         SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT),
                                 batch_row(p, ctaid_z()));

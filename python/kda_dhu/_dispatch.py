@@ -112,8 +112,7 @@ class _Call:
         (None: read now), with ``nt`` chunks of a packed batch counted by the caller."""
         return _require_core().decide(
             rule, self.q, self.k, self.w, self.do, self.dv, self.g, self.gk, self.h0, self.dht, self.scale,
-            self.state_v_first, self.cu_seqlens, self.chunk_size, self.chunk_indices, self.chunk_offsets, nt=nt,
-            switches=switches,
+            self.state_v_first, self.cu_seqlens, self.chunk_size, self.chunk_indices, self.chunk_offsets, nt, switches,
         )  # fmt: skip
 
     def fla(self):
@@ -286,28 +285,32 @@ def verify(q, k, w, do, dv, g=None, gk=None, h0=None, dht=None, scale=None, stat
         return True, f"{type(err).__name__}: {err}", err
     except ImportError as err:
         return False, f"{type(err).__name__}: {err}", None
-    if sw.force == "kernel":
+    force = sw.force
+    if force == "kernel":
         return True, f"{FORCE_ENV}=kernel", sw
-    if sw.force == "fla":
+    if force == "fla":
         return False, f"{FORCE_ENV}=fla", None
     try:
-        c = _Call(q, k, w, do, dv, g, gk, h0, dht, _default_scale(q, scale), state_v_first, cu_seqlens, chunk_size,
-                  chunk_indices, chunk_offsets, use_graph)  # fmt: skip
-        with _device_ctx(c.q):
-            call = c.decide("extended", None, sw)
-            if call.action == "count":  # a packed batch without chunk_indices: count its chunks (validated)
-                call = c.decide("extended", chunk_count(c.cu_seqlens, c.q.shape[1]), sw)
-        if call.unavailable is not None:
-            _driver.note_unavailable(call.unavailable, stacklevel=5)
-        if call.action == "copy":
-            err = c.uncopyable(call.copies)
+        scale = _default_scale(q, scale)
+        args = (q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_size, chunk_indices,
+                chunk_offsets)  # fmt: skip
+        with _device_ctx(q):
+            call = _core.decide("extended", *args, None, sw)
+            action = call.action
+            if action == "count":  # a packed batch without chunk_indices: count its chunks (validated)
+                call = _core.decide("extended", *args, chunk_count(cu_seqlens, q.shape[1]), sw)
+                action = call.action
+        if action == "copy":
+            err = _Call(*args, use_graph).uncopyable(call.copies)
             if err is not None:  # the implementation could not copy it: fla's function decides
                 raise err
             return True, call.reason, call
+        ok, reason = call.verdict
+        if not ok and call.unavailable is not None:  # the device cannot run the kernel image
+            _driver.note_unavailable(call.unavailable, stacklevel=4)
     except Exception as err:  # noqa: BLE001 - the verifier reports, fla decides
         return False, f"{type(err).__name__}: {err}", None
-    ok = call.verdict[0]
-    return ok, call.reason, (call if ok else None)
+    return ok, reason, (call if ok else None)
 
 
 def run_decided(values: tuple, handoff):

@@ -8,7 +8,7 @@ The host-time test prints its figure (run with -s to see it); its bound is loose
 (25 us median, against a goal of 10 us) so that a busy machine does not fail it.
 ``python benches/host_overhead.py`` breaks the figure down by step.
 
-    bash scripts/device_run.sh --tests-only -k test_gpu_host   # this file alone
+    bash scripts/device/device_run.sh --tests-only -k test_gpu_host   # this file alone
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Expected times on an H200 are in each test's docstring; none needs more than a m
 once fla's Triton kernel is compiled (the first fla call of a shape key compiles and
 autotunes it: ~10-30 s, once per process). The two-device tests skip with one GPU.
 
-    bash scripts/device_run.sh --tests-only -k test_gpu_reliability   # this file alone
+    bash scripts/device/device_run.sh --tests-only -k test_gpu_reliability   # this file alone
     (device tool: kind nvidia-h200, or nvidia-h200-x2 for the cuda:1 tests; carry .carry)
 """
 

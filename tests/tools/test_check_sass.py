@@ -1,4 +1,4 @@
-"""scripts/check_sass.py on the SASS that hid the register-state kernel's dv2 store
+"""scripts/build/check_sass.py on the SASS that hid the register-state kernel's dv2 store
 (ptxas 13.0, kda_dhu_sm90_rs_k64_bf16 before its fix): it must flag the dead move of the
 batch coordinate, and pass the same lines once the move runs (CPU only)."""
 
@@ -49,7 +49,7 @@ SASS = """
 
 def _check_sass():
     spec = importlib.util.spec_from_file_location(
-        "check_sass", os.path.join(ROOT, "scripts", "check_sass.py")
+        "check_sass", os.path.join(ROOT, "scripts", "build", "check_sass.py")
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

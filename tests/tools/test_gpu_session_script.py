@@ -1,4 +1,4 @@
-"""scripts/gpu_session.sh without a GPU: the script runs against stand-ins for python3,
+"""scripts/device/gpu_session.sh without a GPU: the script runs against stand-ins for python3,
 nvidia-smi and compute-sanitizer (a PATH of shell stubs that answer as the real commands'
 last lines do), so that its order, budget, failure handling and packing are checked."""
 
@@ -44,7 +44,7 @@ case "$*" in
   benches/variants.py*) sleep 30; exit 0;;
   "-m kda_dhu --doctor"*) echo "kernel image of cuda:0: dhu_sm90 sm_90a, CUDA ${KDA_DHU_IMAGE#cuda} image (stub)"; exit 0;;
   "-m kda_dhu"*) echo "[  1.0 s] done (cache $TRITON_CACHE_DIR)"; exit 0;;
-  scripts/suite_counts.py*) exec "$REAL_PYTHON" "$@";;
+  scripts/device/suite_counts.py*) exec "$REAL_PYTHON" "$@";;
 esac
 echo "python3 stub: unexpected arguments: $*" >&2
 exit 99
@@ -63,9 +63,9 @@ def session(tmp_path):
     if shutil.which("xz") is None or shutil.which("timeout") is None:
         pytest.skip("needs xz and timeout")
     repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "device").mkdir(parents=True)
     for name in SCRIPTS:
-        shutil.copy(os.path.join(ROOT, "scripts", name), repo / "scripts" / name)
+        shutil.copy(os.path.join(ROOT, "scripts", "device", name), repo / "scripts" / "device" / name)
     (repo / ".carry").mkdir()
     (repo / ".carry" / "kda_dhu-0.1.0-cp39-abi3-linux_x86_64.whl").write_bytes(b"stub")
     (repo / ".carry" / "COMMIT").write_text("abc1234\n")
@@ -89,7 +89,7 @@ def session(tmp_path):
 
     def run(*stages, **extra):
         p = subprocess.run(
-            ["bash", str(repo / "scripts" / "gpu_session.sh"), *stages],
+            ["bash", str(repo / "scripts" / "device" / "gpu_session.sh"), *stages],
             env={**env, **extra},
             capture_output=True,
             text=True,

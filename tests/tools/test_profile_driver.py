@@ -1,4 +1,4 @@
-"""benches/profile_driver.py (the Nsight Compute driver of scripts/profile.sh) on the CPU:
+"""benches/profile_driver.py (the Nsight Compute driver of scripts/device/profile.sh) on the CPU:
 its shape list is the bench table's, bad arguments are refused by name, and without a
 GPU it says so with exit status 2."""
 

@@ -1,5 +1,5 @@
 """benches/variants.py without a GPU: the variants' settings (what the A/B stage of
-scripts/gpu_session.sh passes as AB_VARIANTS), --plan, and the table."""
+scripts/device/gpu_session.sh passes as AB_VARIANTS), --plan, and the table."""
 
 from __future__ import annotations
 

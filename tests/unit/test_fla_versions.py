@@ -3,7 +3,7 @@ patch path) and 0.6.0 (fla's backend registry), and a clear error for an older s
 
 Each version is pip-installed (``--no-deps``) into a throwaway folder and exercised in a
 child Python that sees only that fla, the installed kda-dhu, and torch and the rest of
-what they need (scripts/site_view.py links them from this environment): fla-core extends
+what they need (scripts/build/site_view.py links them from this environment): fla-core extends
 its package path over every ``fla`` folder on sys.path, so the environment's own fla must
 not be visible. On CPU: registration, the patch (and its undoing), and a call through
 each patched module reaching fla's own function with that version's signature (fla's
@@ -70,7 +70,7 @@ def view(tmp_path_factory) -> str:
     r = subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "scripts", "site_view.py"),
+            os.path.join(ROOT, "scripts", "build", "site_view.py"),
             dest,
             "torch",
             "numpy",

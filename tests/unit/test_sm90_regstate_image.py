@@ -5,7 +5,7 @@ That each of its sixteen entry points is a function of the embedded sm_90a image
 checked by the Rust test `kernels::tests::sm90_image_holds_the_four_sm90a_kernels` (it
 walks `KernelConfig::all`, which lists them); the planner's choice by
 `plan::tests::register_state_variant_only_when_switched_on_and_only_on_sm90`. The
-fragment geometry is checked on the CPU by scripts/layout_check_regstate.sh (below).
+fragment geometry is checked on the CPU by scripts/build/layout_check_regstate.sh (below).
 """
 
 import os
@@ -95,7 +95,7 @@ def test_fragment_geometry_on_the_host():
         pytest.skip(why)
     env = dict(os.environ, PYTHON=sys.executable, NVCC=nvcc)
     r = subprocess.run(
-        ["bash", os.path.join(REPO, "scripts", "layout_check_regstate.sh")],
+        ["bash", os.path.join(REPO, "scripts", "build", "layout_check_regstate.sh")],
         env=env,
         capture_output=True,
         text=True,

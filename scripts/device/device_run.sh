@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # There (the GPU machine, via the device tool): install the carried wheels into a
 # private target, then run the GPU tests and the benchmark in one call.
-#   bash scripts/device_run.sh [--bench-only|--tests-only|--e2e] [extra pytest / e2e args]
-# Sanitizers are their own call: bash scripts/sanitize.sh [memcheck racecheck synccheck]
+#   bash scripts/device/device_run.sh [--bench-only|--tests-only|--e2e] [extra pytest / e2e args]
+# Sanitizers are their own call: bash scripts/device/sanitize.sh [memcheck racecheck synccheck]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl || exit 1

@@ -10,7 +10,7 @@ The loop's inner loops (the g path's do-row weighting) are unrolled into one tri
 the static count is the count issued per chunk. For the register-state kernel it also
 splits the loop at its wgmma issues and waits (the chain's segments).
 
-    python3 scripts/sass_chunk_count.py [--entries rs_k128_bf16,k128_bf16,...]
+    python3 scripts/build/sass_chunk_count.py [--entries rs_k128_bf16,k128_bf16,...]
 
 nvcc and the CUTLASS headers as build.rs finds them ($NVCC / the nvidia-cuda-nvcc wheel,
 $CUTLASS_DIR / the nvidia-cutlass wheel); nvdisasm from $NVDISASM, else on PATH or next to nvcc (the wheels ship none: /work/tools/nvidia/cu13/bin here).
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLAGS = """  const bool varlen = p.flags & FLAG_VARLEN;
   const bool use_g = p.flags & FLAG_G;
   const bool use_gk = p.flags & FLAG_GK;

@@ -5,14 +5,14 @@
 # (benches/NOTES.md, "Below two waves"): DRAM and L2 throughput against the SM's, and the
 # warp stall reasons (waiting on the TMA ring's mbarriers = loads; on wgmma; on named
 # barriers = the serial chain).
-#   run(command="bash scripts/profile.sh [driver args]", carry=[".carry"])
-#   e.g. bash scripts/profile.sh --shapes b4_t8192_h16,b8_t4096_h32 --nwg 1
+#   run(command="bash scripts/device/profile.sh [driver args]", carry=[".carry"])
+#   e.g. bash scripts/device/profile.sh --shapes b4_t8192_h16,b8_t4096_h32 --nwg 1
 # Environment: NCU (path), NCU_SET (sections; default below), PROFILE_TIMEOUT (300 s).
 # Output: $OUT/profile.ncu-rep (open with ncu-ui or `ncu --import`), $OUT/profile.csv
 # (every metric of the sections, one row per launch) and $OUT/profile.txt (the details page).
 # Clocks are left as they are (--clock-control none), as the device notes ask.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 KDA_DHU_NO_AUTOREGISTER=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if compgen -G ".carry/*.whl" >/dev/null; then

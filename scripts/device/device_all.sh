@@ -2,14 +2,14 @@
 # There (the GPU machine, via the device tool): the whole GPU check in one call.
 #   1. the GPU tests, sharded over SHARDS parallel pytest processes (fla's Triton
 #      autotuning compiles on the CPU: shards overlap it), with compute-sanitizer's
-#      memcheck / racecheck / synccheck (scripts/sanitize.sh) running alongside;
+#      memcheck / racecheck / synccheck (scripts/device/sanitize.sh) running alongside;
 #   2. then, alone on the GPU, the benchmark (BENCH_ARGS, default --all).
 # Logs come back as $OUT/logs.tgz.
-#   run(command="bash scripts/device_all.sh [pytest -k expr]", carry=[".carry"])
+#   run(command="bash scripts/device/device_all.sh [pytest -k expr]", carry=[".carry"])
 # Environment: SHARDS (4), TEST_PATHS (tests: the GPU tests collected), PHASE1_TIMEOUT (330 s), BENCH_TIMEOUT (220 s), SKIP_SAN=1,
 # SKIP_BENCH=1, SKIP_TESTS=1, E2E=1 (+E2E_ARGS, E2E_DEVICE), CP=1 (+CP_ARGS), BENCH_CMD (python3 benches/bench.py), BENCH_ARGS (--all).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # $OUT brings back at most 8 files: logs go to $RES, tarred into $OUT/logs.tgz at the end.
@@ -38,7 +38,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     pids+=($!)
   done
   if [ -z "${SKIP_SAN:-}" ]; then
-    OUT=$RES SKIP_INSTALL=1 SAN_TIMEOUT=$(( ${PHASE1_TIMEOUT:-330} / 3 - 5 )) timeout "${PHASE1_TIMEOUT:-330}" bash scripts/sanitize.sh > "$RES/sanitize.log" 2>&1 &
+    OUT=$RES SKIP_INSTALL=1 SAN_TIMEOUT=$(( ${PHASE1_TIMEOUT:-330} / 3 - 5 )) timeout "${PHASE1_TIMEOUT:-330}" bash scripts/device/sanitize.sh > "$RES/sanitize.log" 2>&1 &
     san=$!
   fi
   # On a machine of two GPUs: the end-to-end run (on cuda:1, E2E=1) and fla's context-

@@ -7,8 +7,8 @@
 # pytest (with what they require), and runs the CPU tests there, from a copy of tests/
 # outside the source tree. Prints the time of each step.
 #
-#   bash scripts/build_wheel.sh             # build into dist/, then test the wheel
-#   bash scripts/build_wheel.sh --no-test   # build only
+#   bash scripts/build/build_wheel.sh             # build into dist/, then test the wheel
+#   bash scripts/build/build_wheel.sh --no-test   # build only
 #
 # Environment:
 #   PYTHON     the Python that builds (default python3); it needs pip. maturin, ziglang
@@ -17,11 +17,11 @@
 #              headers, CUTLASS; about 1.3 GB) are pip-installed into it when missing.
 #   WHEEL_DIR  where the wheel goes (default dist/)
 #   TEST_DEPS  "link" (default): the test venv sees PYTHON's own torch, fla-core,
-#              numpy and pytest through symlinks (scripts/site_view.py; no download);
+#              numpy and pytest through symlinks (scripts/build/site_view.py; no download);
 #              "pypi": they are pip-installed into the test venv (torch: a few GB).
 #   KEEP_TEST  1: keep the test folder (printed) instead of removing it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 PY=${PYTHON:-python3}
 OUT=${WHEEL_DIR:-dist}
@@ -88,7 +88,7 @@ SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if [ "$TEST_DEPS" = pypi ]; then
     "$VPY" -m pip install -q torch fla-core numpy pytest
 else
-    "$PY" scripts/site_view.py "$TEST/deps" torch fla-core numpy pytest | sed 's/^/   /'
+    "$PY" scripts/build/site_view.py "$TEST/deps" torch fla-core numpy pytest | sed 's/^/   /'
     echo "$TEST/deps" > "$SITE/kda_dhu_test_deps.pth"
     # The venv's own setuptools (Python < 3.12) would shadow the one torch requires.
     "$VPY" -m pip uninstall -q -y setuptools 2>/dev/null || true

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # There (the GPU machine, via the device tool): the project's GPU work in one call, by stage.
-#   here:   bash scripts/device_prepare.sh        (wheel + fla-core into .carry/)
-#   there:  run(command="bash scripts/gpu_session.sh tests sanitize host", carry=[".carry"], timeout_s=600)
-#   plan:   bash scripts/gpu_session.sh --plan e2e bench ab    (what would run, in which order, within
+#   here:   bash scripts/device/device_prepare.sh        (wheel + fla-core into .carry/)
+#   there:  run(command="bash scripts/device/gpu_session.sh tests sanitize host", carry=[".carry"], timeout_s=600)
+#   plan:   bash scripts/device/gpu_session.sh --plan e2e bench ab    (what would run, in which order, within
 #           which limits; no GPU, nothing installed)
 #
 # Stages (run in this order whatever the order given; default: tests sanitize host e2e):
 #   smoke     always, first: install .carry/*.whl into /tmp/site, import kda_dhu and fla, print
 #             kda_dhu.cuda_status(), run two kernel calls against the float64 reference
-#             (scripts/sanitize_driver.py's first cases). If it fails, nothing else runs.
+#             (scripts/device/sanitize_driver.py's first cases). If it fails, nothing else runs.
 #   tests     the GPU tests (pytest -m gpu over TEST_PATHS, default tests), sharded round-robin over
 #             TEST_SHARDS (8) pytest processes on the one GPU; TEST_ARGS extra pytest arguments.
 #             They share Triton's compiled kernels with the later stages but store no autotuning
 #             result (FLA_CACHE_RESULTS=0: tuned beside other shards, fla's choices could be off)
-#   sanitize  compute-sanitizer memcheck, racecheck, synccheck (scripts/sanitize.sh); beside the
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck (scripts/device/sanitize.sh); beside the
 #             tests when both are asked (neither times anything)
 #   image12   the same GPU suite with the CUDA 12 image (NVRTC 12.9) forced (KDA_DHU_IMAGE=cuda12;
 #             the image loaded is printed first)
@@ -54,7 +54,7 @@
 #                        TRITON_CACHE_OUT=0 to leave it out; over 15 MiB, only the tuning results;
 #                        packed in what is left before DEVICE_LIMIT_S (590 s) from the start.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 T0=$(date +%s)
 ALL_STAGES=(smoke tests sanitize image12 main host e2e bench ab)
 declare -A CAP=([smoke]=0 [main]=240 [tests]=330 [sanitize]=170 [image12]=330 [host]=150 [e2e]=480 [bench]=240 [ab]=180)
@@ -130,7 +130,7 @@ smoke() {
   (
     nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1
     if ! compgen -G ".carry/*.whl" >/dev/null; then
-      echo "smoke: no wheel in .carry/ (run scripts/device_prepare.sh here and carry .carry)"; exit 1
+      echo "smoke: no wheel in .carry/ (run scripts/device/device_prepare.sh here and carry .carry)"; exit 1
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl || exit 1
     if [ -f .carry/triton_cache.tar.xz ]; then
@@ -148,7 +148,7 @@ print(f"cuda_status: {ok}, {why}")
 print(f"device: {torch.cuda.get_device_name()} {torch.cuda.get_device_capability()}")
 sys.exit(0 if ok and torch.cuda.is_available() else 1)
 EOF
-    timeout 60 python3 scripts/sanitize_driver.py --cases envelope_k128_bf16,varlen_1_63_65_7
+    timeout 60 python3 scripts/device/sanitize_driver.py --cases envelope_k128_bf16,varlen_1_63_65_7
   ) > "$RES/smoke/smoke.log" 2>&1
   local rc=$?
   verdict smoke $rc $(( $(date +%s) - s ))
@@ -202,7 +202,7 @@ run_suite() {
   DETAIL[$stage]="$n tests, $shards shards: $(tail -q -n 1 "$dir"/pytest_*.log | grep -oE "[0-9]+ (passed|failed|skipped|errors?|xfailed|xpassed)" \
     | sed 's/errors$/error/' | awk '{c[$2]+=$1} END {for (k in c) printf "%d %s, ", c[k], k}' | sed 's/, $//')"
   grep -h -E "^(FAILED|ERROR) " "$dir"/pytest_*.log | cut -c1-160 > "$dir/failed.txt"
-  python3 scripts/suite_counts.py "$dir" "$n" "$timed_out" "${SECS[$stage]}" "$@" || true
+  python3 scripts/device/suite_counts.py "$dir" "$n" "$timed_out" "${SECS[$stage]}" "$@" || true
 }
 
 # ---------------------------------------------------------------------------- tests (+ sanitize beside)
@@ -214,7 +214,7 @@ tests_and_sanitize() {
     mkdir -p "$RES/sanitize"
     s=$(date +%s)
     ( OUT=$RES/sanitize SKIP_INSTALL=1 SAN_TIMEOUT=$(( t_san / 3 - 5 )) timeout --kill-after=15 "$t_san" \
-        bash scripts/sanitize.sh > "$RES/sanitize/sanitize.log" 2>&1
+        bash scripts/device/sanitize.sh > "$RES/sanitize/sanitize.log" 2>&1
       echo $? > "$RES/sanitize/rc"; echo $(( $(date +%s) - s )) > "$RES/sanitize/secs" ) &
     san_pid=$!
     stamp "sanitize started (limit ${t_san} s)"
@@ -343,7 +343,7 @@ copy_record "$RES/e2e" e2e-latest.json e2e-partial.json e2e-latest.json
 copy_record "$RES/bench" latest.json partial.json bench-latest.json
 [ -f "$RES/ab/variants.json" ] && cp "$RES/ab/variants.json" "$OUT/variants.json"
 if compgen -G "$RES/*/counts.json" >/dev/null; then
-  python3 scripts/suite_counts.py --gather "$RES" "$OUT/gpu-suite-latest.json" "$KDA_DHU_COMMIT" || true
+  python3 scripts/device/suite_counts.py --gather "$RES" "$OUT/gpu-suite-latest.json" "$KDA_DHU_COMMIT" || true
 fi
 
 {

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # There (the GPU machine, via the device tool): compute-sanitizer's memcheck, racecheck and
-# synccheck over scripts/sanitize_driver.py (small kernel-only calls: envelope K 64/128,
+# synccheck over scripts/device/sanitize_driver.py (small kernel-only calls: envelope K 64/128,
 # dense tail, varlen [1, 63, 65, 7] with int64 / int32 chunk tables, padded packed batch,
 # GVA, g gate, no gate, fp16, two warpgroups, state_v_first, strided / sliced / expanded /
 # misaligned inputs; then corrupt packed batches -- cu_seqlens[0] != 0, decreasing, past T,
 # wrong chunk_offsets, chunks past NT, garbage values -- whose kernels must store nothing
 # outside their outputs: memcheck clean).
-#   bash scripts/sanitize.sh [tool ...]        (default: memcheck racecheck synccheck)
-# Installs the carried wheels (.carry/, from scripts/device_prepare.sh) as device_run.sh
+#   bash scripts/device/sanitize.sh [tool ...]        (default: memcheck racecheck synccheck)
+# Installs the carried wheels (.carry/, from scripts/device/device_prepare.sh) as device_run.sh
 # does; after device_run.sh in the same device command it reuses /tmp/site.
-#   run(command="bash scripts/sanitize.sh", carry=[".carry"])
+#   run(command="bash scripts/device/sanitize.sh", carry=[".carry"])
 # Environment: SAN_TIMEOUT seconds per tool (default 170: the three fit one 600 s call),
 # SAN_API_ERRORS (default "no": torch's and the CUDA loader's probing API errors are
 # noise; "explicit" / "all" to see them), SAN_EXTRA extra compute-sanitizer flags,
@@ -17,7 +17,7 @@
 # Logs: $OUT/sanitize_<tool>.log.
 # Exit status: 0 when every tool is clean and the driver's checks passed, else 1.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 
@@ -26,7 +26,7 @@ if [ -z "${SKIP_INSTALL:-}" ] && compgen -G ".carry/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl || exit 1
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site
-python3 -c "import kda_dhu._core" 2>/dev/null || { echo "sanitize: kda_dhu is not installed (carry .carry from scripts/device_prepare.sh)"; exit 1; }
+python3 -c "import kda_dhu._core" 2>/dev/null || { echo "sanitize: kda_dhu is not installed (carry .carry from scripts/device/device_prepare.sh)"; exit 1; }
 
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}
 if [ -z "$CS" ]; then
@@ -40,7 +40,7 @@ echo "sanitize: $("$CS" --version | tail -n 1) ($CS); $(nvidia-smi --query-gpu=n
 # The driver: kernel only (no fla import, no Triton), every torch allocation its own
 # cudaMalloc so memcheck sees exact bounds.
 export KDA_DHU_FORCE=kernel KDA_DHU_NO_AUTOREGISTER=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
-driver=(python3 scripts/sanitize_driver.py)
+driver=(python3 scripts/device/sanitize_driver.py)
 [ -n "${SAN_CASES:-}" ] && driver+=(--cases "$SAN_CASES")
 
 tools=("$@"); [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)

@@ -1,4 +1,4 @@
-"""Kernel-only driver for compute-sanitizer (run by scripts/sanitize.sh; GPU machine).
+"""Kernel-only driver for compute-sanitizer (run by scripts/device/sanitize.sh; GPU machine).
 
 A handful of small calls covering the kernel's code paths: the envelope (K 64 / 128,
 bf16), a dense tail, varlen with lengths [1, 63, 65, 7] (fla's chunk tables, int64 and
@@ -28,7 +28,7 @@ Prints one ``case <name>: ...`` line per case and ``sanitize_driver: N cases OK`
 end; exits 3 on a failed check (compute-sanitizer's own errors exit 1 under
 ``--error-exitcode 1``).
 
-    python3 scripts/sanitize_driver.py [--cases name,name]
+    python3 scripts/device/sanitize_driver.py [--cases name,name]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ coordinate's move to its uniform register (`@!P0 R2UR UR12, R11`) sat behind a p
 that the previous store's uniformizing loop had just set to true, so the store went to a
 stale row and dv2 stayed unwritten. Any dead move into a uniform register is reported.
 
-    python3 scripts/check_sass.py CUBIN [CUBIN ...]     # exit 1 when something is found
+    python3 scripts/build/check_sass.py CUBIN [CUBIN ...]     # exit 1 when something is found
 
 cuobjdump: $CUOBJDUMP, else the one beside the nvcc wheel's (nvidia/cu13/bin: PyPI's
 nvidia-cuda-cuobjdump, with nvidia-cuda-nvdisasm, which it runs) or on PATH.

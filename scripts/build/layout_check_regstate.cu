@@ -1,5 +1,5 @@
 // Host-side check of the register-state kernel's fragment geometry (no GPU needed):
-// compiled by scripts/layout_check_regstate.sh with nvcc, run on the CPU. Exits 0 when
+// compiled by scripts/build/layout_check_regstate.sh with nvcc, run on the CPU. Exits 0 when
 // every check holds, 1 with the first mismatches printed otherwise.
 //
 // What it checks, against the kernel's own definitions (cuda/dhu_sm90_regstate.cuh):

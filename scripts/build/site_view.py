@@ -2,9 +2,9 @@
 they require, as symlinks to this Python's installed files: nothing is downloaded or
 copied, and nothing else of this environment is visible through it.
 
-    python scripts/site_view.py DEST torch fla-core pytest numpy
+    python scripts/build/site_view.py DEST torch fla-core pytest numpy
 
-scripts/build_wheel.sh gives its test venv the torch, fla-core, pytest and numpy this
+scripts/build/build_wheel.sh gives its test venv the torch, fla-core, pytest and numpy this
 environment already has (a few GB that would otherwise be downloaded again) through a
 .pth file naming DEST, without the compilers (nvcc, NVRTC 12, Rust) or the kda-dhu that
 this environment may also hold. Requirement markers are evaluated for this Python, with

@@ -1,8 +1,8 @@
-"""The GPU suite's counts, for scripts/gpu_session.sh (on the GPU machine).
+"""The GPU suite's counts, for scripts/device/gpu_session.sh (on the GPU machine).
 
-    python3 scripts/suite_counts.py DIR COLLECTED CUT_SHORT SECONDS [VAR=VALUE...]
+    python3 scripts/device/suite_counts.py DIR COLLECTED CUT_SHORT SECONDS [VAR=VALUE...]
         DIR/pytest_*.log (one per shard) -> DIR/counts.json
-    python3 scripts/suite_counts.py --gather RES OUT COMMIT
+    python3 scripts/device/suite_counts.py --gather RES OUT COMMIT
         RES/tests/counts.json, RES/image12/counts.json -> OUT (gpu-suite-latest.json), with
         the commit, the GPU and driver, the date, torch's and fla's versions
 
