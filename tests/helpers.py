@@ -118,6 +118,23 @@ def pin_fla_stage4():
 # ------------------------------------------------------------------------- paths
 # The checkout's root (README.md, benches/, scripts/, cuda/) and its tests/ folder (this
 # module's), for tests in any of tests/unit, tests/gpu, tests/tools.
+# The cases and names the test files share (one table): the op's arguments in fla's
+# order as the core describes them (validate::ARGUMENTS), its outputs, and the packed
+# batch most files draw (lengths around the chunk size: 1, 63, 65, 128, 200, 64, 7).
+def _op_names() -> tuple:
+    try:
+        from kda_dhu import _core
+    except ImportError:  # a checkout without the extension: the tests that need it skip
+        return ()
+    return tuple(name for name, _ in _core.op_arguments())
+
+
+CALL_ORDER = _op_names()  # fla's 16, use_graph last
+POS = tuple(n for n in CALL_ORDER if n != "use_graph")  # the core's positional order after the rule
+FLOAT_INPUTS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")
+OUTPUTS = ("dh", "dh0", "dv2")
+VARLEN_LENGTHS = [1, 63, 65, 128, 200, 64, 7]
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS)
 BENCHES = os.path.join(REPO_ROOT, "benches")

@@ -22,6 +22,7 @@ it runs and the CPU's before the core runs, so an unwritten element fails.
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
 from helpers import make_inputs
@@ -38,7 +39,7 @@ BOUNDS = {
     (F16, True): 4e-4,
 }
 
-LENGTHS = [1, 63, 65, 128, 200, 64, 7]
+LENGTHS = helpers.VARLEN_LENGTHS
 
 # name -> make_inputs arguments (B, T, H, HV, K, V, dtype, gate, extra keywords): the
 # shapes of tests/gpu/test_gpu_kernel.py.

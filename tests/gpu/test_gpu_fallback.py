@@ -25,6 +25,7 @@ V = 96, chunk_size 32, float32 and mixed dtypes each compile fla's kernel once).
 
 from __future__ import annotations
 
+import helpers
 import kda_dhu
 import pytest
 import torch
@@ -36,10 +37,10 @@ from kda_dhu.testing import KernelProbe, chunk_tables
 pytestmark = pytest.mark.gpu
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-OUTPUTS = ("dh", "dh0", "dv2")
+OUTPUTS = helpers.OUTPUTS
 INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 TOL = {BF16: 1e-2, FP16: 3e-3, FP32: 1e-2}  # fp32: fla's dots run in TF32
-LENGTHS = [1, 63, 65, 128, 200, 64, 7]
+LENGTHS = helpers.VARLEN_LENGTHS
 EMPTY_BETWEEN = [0, 100, 0, 64, 0]
 
 

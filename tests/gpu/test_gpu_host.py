@@ -18,6 +18,7 @@ import statistics
 import time
 import weakref
 
+import helpers
 import kda_dhu
 import pytest
 import torch
@@ -28,7 +29,7 @@ from kda_dhu.testing import chunk_tables, relayout, run_kernel
 pytestmark = pytest.mark.gpu
 
 BF16 = torch.bfloat16
-NAMES = ("dh", "dh0", "dv2")
+NAMES = helpers.OUTPUTS
 TENSOR_KEYS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens")
 
 # The smallest call the kernel takes under the "extended" rule on sm_90 and sm_100
@@ -173,10 +174,7 @@ def test_a_cache_hit_with_new_addresses_equals_a_fresh_encode(rng):
 
 
 # fla's positional order of the call arguments (_core.decide / _core.run after the rule)
-POS = (
-    "q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
-    "chunk_indices", "chunk_offsets",
-)  # fmt: skip
+POS = helpers.POS
 DEFAULTS = dict(state_v_first=False, chunk_size=64)
 
 

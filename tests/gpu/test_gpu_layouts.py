@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 
+import helpers
 import kda_dhu
 import pytest
 import torch
@@ -42,12 +43,9 @@ from kda_dhu.testing import LAYOUTS, KernelProbe, backend_mode, relayout
 pytestmark = pytest.mark.gpu
 
 BF16 = torch.bfloat16
-NAMES = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")
-OUTPUTS = ("dh", "dh0", "dv2")
-POS = (
-    "q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
-    "chunk_indices", "chunk_offsets",
-)  # fmt: skip
+NAMES = helpers.FLOAT_INPUTS
+OUTPUTS = helpers.OUTPUTS
+POS = helpers.POS
 # Read through TMA or vector loads: must be 16-byte aligned as well as contiguous.
 ALIGNED = ("q", "k", "w", "do", "dv", "gk", "dht")
 INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -46,6 +46,7 @@ import contextlib
 import math
 import re
 
+import helpers
 import kda_dhu
 import pytest
 import torch
@@ -73,9 +74,9 @@ from kda_dhu.testing import (
 pytestmark = pytest.mark.gpu
 
 BF16 = torch.bfloat16
-NAMES = ("dh", "dh0", "dv2")
-FLOAT_INPUTS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")
-LENGTHS = [1, 63, 65, 128, 200, 64, 7]
+NAMES = helpers.OUTPUTS
+FLOAT_INPUTS = helpers.FLOAT_INPUTS
+LENGTHS = helpers.VARLEN_LENGTHS
 
 
 @pytest.fixture(autouse=True)
@@ -484,10 +485,7 @@ def test_a_bad_packed_batch_is_contained_and_named_by_the_next_call(rng, name, i
     _assert_values(good, out, f"{name}: the good batch after")
 
 
-_POS = (
-    "q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
-    "chunk_indices", "chunk_offsets",
-)  # fmt: skip
+_POS = helpers.POS
 
 
 def test_check_errors_raises_what_a_graph_replay_found(rng):

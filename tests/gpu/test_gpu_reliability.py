@@ -26,6 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import helpers
 import kda_dhu
 import pytest
 import torch
@@ -34,7 +35,7 @@ from kda_dhu import _dispatch
 
 pytestmark = pytest.mark.gpu
 
-NAMES = ("dh", "dh0", "dv2")
+NAMES = helpers.OUTPUTS
 TENSOR_KEYS = (
     "q",
     "k",

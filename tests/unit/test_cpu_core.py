@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -27,7 +28,7 @@ from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref, rel_err
 _core = pytest.importorskip("kda_dhu._core")
 
 BF16, F16, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
-OUTPUTS = ("dh", "dh0", "dv2")
+OUTPUTS = helpers.OUTPUTS
 TENSORS = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "cu_seqlens", "chunk_indices", "chunk_offsets")
 
 

@@ -22,6 +22,7 @@ tests/gpu/test_gpu_layouts.py. A few seconds in all.
 
 from __future__ import annotations
 
+import helpers
 import kda_dhu
 import numpy as np
 import pytest
@@ -31,12 +32,9 @@ from kda_dhu import _core, _dispatch
 from kda_dhu.testing import LAYOUTS, relayout
 
 BF16 = torch.bfloat16
-NAMES = ("q", "k", "w", "do", "dv", "g", "gk", "h0", "dht")
+NAMES = helpers.FLOAT_INPUTS
 # _Call's positional order (fla's signature)
-CALL_ORDER = (
-    "q", "k", "w", "do", "dv", "g", "gk", "h0", "dht", "scale", "state_v_first", "cu_seqlens", "chunk_size",
-    "chunk_indices", "chunk_offsets", "use_graph",
-)  # fmt: skip
+CALL_ORDER = helpers.CALL_ORDER
 INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
