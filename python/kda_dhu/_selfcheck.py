@@ -292,7 +292,7 @@ def child_env(mode_env: str = MODE_ENV) -> dict:
     """The check process's environment: this one, with this package importable first, no
     KDA_DHU_FORCE, the guard off (the child calls the kernel directly) and no fla
     backend registration."""
-    from ._dispatch import FORCE_ENV
+    from ._core import FORCE_ENV
 
     env = dict(os.environ)
     env.pop(FORCE_ENV, None)
