@@ -25,6 +25,24 @@ pub enum Force {
     Fla,
 }
 
+impl Force {
+    /// "kernel" or "fla" (trimmed, lower-cased as `value` gives it); None for another value.
+    pub fn parse(v: &str) -> Option<Force> {
+        match v {
+            "kernel" => Some(Force::Kernel),
+            "fla" => Some(Force::Fla),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Force::Kernel => "kernel",
+            Force::Fla => "fla",
+        }
+    }
+}
+
 pub const FORCE: &str = "KDA_DHU_FORCE";
 pub const CHECK_INPUTS: &str = "KDA_DHU_CHECK_INPUTS";
 pub const SM90_NWG: &str = "KDA_DHU_SM90_NWG";
@@ -66,11 +84,11 @@ pub fn flag(name: &str) -> bool {
 
 /// `KDA_DHU_FORCE`: None, Kernel or Fla; another value is an error naming the switch.
 pub fn force() -> Result<Option<Force>> {
-    match value(FORCE).as_deref() {
+    match value(FORCE) {
         None => Ok(None),
-        Some("kernel") => Ok(Some(Force::Kernel)),
-        Some("fla") => Ok(Some(Force::Fla)),
-        Some(other) => Err(Error::value(FORCE, format!("expected 'kernel', 'fla' or unset, got {other:?}"))),
+        Some(v) => Force::parse(&v)
+            .map(Some)
+            .ok_or_else(|| Error::value(FORCE, format!("expected 'kernel', 'fla' or unset, got {v:?}"))),
     }
 }
 

@@ -356,11 +356,9 @@ impl PySwitches {
     fn new(force: Option<&str>, check_inputs: bool) -> PyResult<PySwitches> {
         let force = match force {
             None => None,
-            Some("kernel") => Some(env::Force::Kernel),
-            Some("fla") => Some(env::Force::Fla),
-            Some(other) => {
-                return Err(to_pyerr(Error::value("force", format!("expected 'kernel', 'fla' or None, got {other:?}"))))
-            }
+            Some(f) => Some(env::Force::parse(f).ok_or_else(|| {
+                to_pyerr(Error::value("force", format!("expected 'kernel', 'fla' or None, got {f:?}")))
+            })?),
         };
         Ok(PySwitches(decide::Switches { force, check_inputs }))
     }
@@ -368,10 +366,7 @@ impl PySwitches {
     /// None, "kernel" or "fla".
     #[getter]
     fn force(&self) -> Option<&'static str> {
-        self.0.force.map(|f| match f {
-            env::Force::Kernel => "kernel",
-            env::Force::Fla => "fla",
-        })
+        self.0.force.map(env::Force::name)
     }
 
     #[getter]
@@ -767,12 +762,7 @@ fn check_input_errors(ordinal: i32) -> PyResult<()> {
 /// KDA_DHU_FORCE: None, "kernel" or "fla"; raises ValueError for another value.
 #[pyfunction]
 fn force() -> PyResult<Option<&'static str>> {
-    guard(|| {
-        Ok(env::force()?.map(|f| match f {
-            env::Force::Kernel => "kernel",
-            env::Force::Fla => "fla",
-        }))
-    })
+    guard(|| Ok(env::force()?.map(env::Force::name)))
 }
 
 /// Kernel launches of this process so far (every route), for tests and benchmarks.

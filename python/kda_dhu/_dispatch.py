@@ -204,16 +204,6 @@ def _host_check(c: _Call, nt) -> None:
 SM100_CHECK = SelfCheck("sm_100a")
 
 
-def _on_cpu(q) -> bool:
-    """q in host memory (a CPU torch tensor, a numpy array): the Rust core's CPU path."""
-    if isinstance(q, torch.Tensor):
-        return not q.is_cuda
-    try:
-        return q.__dlpack_device__()[0] == 1  # kDLCPU
-    except Exception:  # noqa: BLE001 - not a DLPack producer: validation names it
-        return False
-
-
 def _cpu(c: _Call):
     """The call on the CPU, in fla's precision (``kda_dhu._cpu``): the same validation and
     messages; an input on another device raises, naming it."""
@@ -477,23 +467,26 @@ def plan_b2a(qg, kg, w, g2, h0, dht, do, dv, scale, chunk_size) -> tuple[bool, s
     return _plan("b2a", c)
 
 
+def _unforced():
+    """The switches now, less KDA_DHU_FORCE: what the testing helpers decide under (they
+    ask for a rule's plan whatever the switch says)."""
+    core = _require_core()
+    return core.Switches(check_inputs=core.Switches.now().check_inputs)
+
+
 def verdict_of(rule: str, c: _Call) -> tuple[bool, str]:
     """The plan's verdict on a call under ``rule`` after its copies and chunk count, with
     KDA_DHU_FORCE not read (tests). Raises what validation raises."""
-    core = _require_core()
     with _device_ctx(c.q):
-        sw = core.Switches(check_inputs=core.Switches.now().check_inputs)
-        return _settle(rule, c, c.decide(rule, None, sw))[1].verdict
+        return _settle(rule, c, c.decide(rule, None, _unforced()))[1].verdict
 
 
 def run_kernel(rule: str, c: _Call, poison: bool = False):
     """The kernel on a call under ``rule`` ("capable": wherever it can compute it), outputs
     poisoned with NaN first if asked; RuntimeError where the plan is not the kernel.
     KDA_DHU_FORCE is not read (KDA_DHU_CHECK_INPUTS is)."""
-    core = _require_core()
     with _device_ctx(c.q):
-        sw = core.Switches(check_inputs=core.Switches.now().check_inputs)
-        c, call = _settle(rule, c, c.decide(rule, None, sw))
+        c, call = _settle(rule, c, c.decide(rule, None, _unforced()))
         if call.action == "cpu":
             return call.run()  # raises the device check's error, naming the input
         if not call.verdict[0]:

@@ -166,7 +166,6 @@ def _stand_ins(monkeypatch, call, forced_error=None):
     monkeypatch.setattr(_dispatch, "_core", _Core(call, forced_error))
     monkeypatch.setattr(_dispatch, "fla_function", lambda: fla)
     monkeypatch.setattr(_dispatch, "_current_stream", lambda q: 0)
-    monkeypatch.setattr(_dispatch, "_on_cpu", lambda q: False)  # the stand-in device is a GPU
     monkeypatch.delenv("KDA_DHU_FORCE", raising=False)
     return fla
 
