@@ -41,6 +41,8 @@ import sys
 import time
 import traceback
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 DEFAULT_SWITCH = "KDA_DHU_SM90_VARIANT"
 EXTRA = [
     # name, B, T, H, HV, K, V, gate, varlen
@@ -168,6 +170,7 @@ def main(argv=None) -> int:
         print("variants: no CUDA device", file=sys.stderr)
         return 2
     import fla
+    from bench import git_commit
     from kda_dhu import _core
     from kda_dhu.reference import rel_err
     from kda_dhu.testing import run_kernel
@@ -183,14 +186,44 @@ def main(argv=None) -> int:
     if not args.fla_time:  # fla's values only (the error column): one config, no tuning
         bench.pin_fla_stage4()
     gpu = torch.cuda.get_device_name()
-    print(
-        f"{gpu}  torch {torch.__version__}  fla {fla.__version__}  kda_dhu {bench.git_commit()}", flush=True
-    )
+    print(f"{gpu}  torch {torch.__version__}  fla {fla.__version__}  kda_dhu {git_commit()}", flush=True)
     for label, settings in variants:
         print(f"variant {label}: {settings}", flush=True)
     labels = [label for label, _ in variants]
     results, failures = [], []
     t_start = time.time()
+
+    def record() -> dict:
+        return {
+            "date": datetime.date.today().isoformat(),
+            "gpu": gpu,
+            "torch": torch.__version__,
+            "fla_version": fla.__version__,
+            "commit": git_commit(),
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+            "settings": {
+                "rounds": args.rounds,
+                "reps": args.reps,
+                "tol": args.tol,
+                "fla_time": args.fla_time,
+            },
+            "variants": [{"label": label, "env": settings} for label, settings in variants],
+            "core_switches": known,
+            "switches_unknown_to_core": unknown,
+            "rows": results,
+            "failures": failures,
+            "total_s": time.time() - t_start,
+        }
+
+    def write(rec: dict) -> None:
+        # after every row: a run cut by its time limit leaves the rows it finished
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "variants.json"), "w") as f:
+                json.dump(rec, f, indent=1)
+            with open(os.path.join(args.out, "variants.md"), "w") as f:
+                f.write(markdown_table(rec))
+
     saved = {n: os.environ.get(n) for _, s in variants for n in s}
     try:
         for r in rows:
@@ -202,6 +235,7 @@ def main(argv=None) -> int:
                 results.append({"shape": name, "error": f"{type(err).__name__}: {err}"})
                 failures.append(f"{name}: raised {type(err).__name__}: {err}")
                 torch.cuda.empty_cache()
+                write(record())
                 continue
             row = results[-1]
             bad = [lab for lab in labels if not row["err_vs_fla"][lab] < args.tol]
@@ -215,31 +249,12 @@ def main(argv=None) -> int:
                 ),
                 flush=True,
             )
+            write(record())
     finally:
         apply(saved)
-    record = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": gpu,
-        "torch": torch.__version__,
-        "fla_version": fla.__version__,
-        "commit": bench.git_commit(),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "settings": {"rounds": args.rounds, "reps": args.reps, "tol": args.tol, "fla_time": args.fla_time},
-        "variants": [{"label": label, "env": settings} for label, settings in variants],
-        "core_switches": known,
-        "switches_unknown_to_core": unknown,
-        "rows": results,
-        "failures": failures,
-        "total_s": time.time() - t_start,
-    }
-    table = markdown_table(record)
-    print(table, end="")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "variants.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        with open(os.path.join(args.out, "variants.md"), "w") as f:
-            f.write(table)
+    rec = record()
+    print(markdown_table(rec), end="")
+    write(rec)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1

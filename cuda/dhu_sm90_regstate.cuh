@@ -50,9 +50,10 @@
 //   warpgroup wg < NWG  consumers of V tile wg: all wgmma, the fp32 recurrence, the
 //                       epilogues, TMA stores (issued by the warpgroup's thread 0)
 //   next warp           producer: TMA loads of a stage (k, q, w, NWG do and dv tiles), then
-//                       the gate vectors from plain loads made one chunk ahead (their DRAM
-//                       round trip off the stage's critical path): exp2(gk[e-1]) per K
-//                       column, exp2(g[e-1] - g[t]), exp2(g[t]), exp2(g[e-1])
+//                       the gate vectors from plain loads made three chunks ahead (NWG = 1;
+//                       one with NWG = 2), so that their DRAM round trip is off the stage's
+//                       critical path: exp2(gk[e-1]) per K column, exp2(g[e-1] - g[t]),
+//                       exp2(g[t]), exp2(g[e-1])
 //
 // Operand majors (shared-memory tiles exactly as TMA wrote them, 128-byte swizzled):
 //   k     [t][k]  K/64 boxes of [64 t][64 k]  B of DV (N = t, K dim = k): K-major
@@ -308,8 +309,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
 
-    // One chunk's gate inputs, loaded a chunk ahead of their use (their DRAM round trip
-    // overlaps the producer's wait for the next free stage).
+    // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
+    // registers is refilled right after its chunk's gates are written, so no register copy
+    // waits on an outstanding load: a load has PREFETCH - 1 whole iterations (each an empty
+    // wait and a stage's copies) plus its own empty wait to land. With a loop-carried copy
+    // (cur = nxt) the copy waited for the load issued just before it, and every iteration
+    // paid a DRAM round trip before its copies were issued: below a wave that round trip,
+    // not the consumers' chain, set the time per chunk. NWG = 2: the producer has 24
+    // registers, one set.
+    constexpr int PREFETCH = NWG == 1 ? 3 : 1;
     struct Pre {
       float gk[KPL];
       float g0, g1, g_last;
@@ -336,48 +344,61 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         r.g1 = lane + 32 < r.rows ? g_row[int64_t(t0 + lane + 32) * p.HV] : 0.f;
       }
     };
-    Pre cur, nxt;
-    if (NC > 0) fetch(0, cur);
+    Pre pre[PREFETCH];
+    CUTE_UNROLL
+    for (int u = 0; u < PREFETCH; ++u)
+      if (u < NC) fetch(u, pre[u]);
     int s = 0;
     uint32_t phase = 0;
-    for (int i = 0; i < NC; ++i) {
-      const int c = NC - 1 - i;
-      if (i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
-      if (lane == 0) {
-        // The stage's bytes are expected first, then the copies; the arrival comes after
-        // the gate vectors are written (the phase completes on both).
-        cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
-        uint8_t* st = smem + s * Map::STAGE;
-        const int t0 = bos + c * BT;
-        for (int kb = 0; kb < KB; ++kb) {
-          SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-          SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-          SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
+    for (int i0 = 0; i0 < NC; i0 += PREFETCH) {
+      CUTE_UNROLL
+      for (int u = 0; u < PREFETCH; ++u) {
+        const int i = i0 + u;
+        if (i >= NC) break;
+        const int c = NC - 1 - i;
+        Pre& cur = pre[u];
+        if (i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
+        if (lane == 0) {
+          // The stage's bytes are expected first, then the copies; the arrival comes after
+          // the gate vectors are written (the phase completes on both).
+          cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
+          uint8_t* st = smem + s * Map::STAGE;
+          const int t0 = bos + c * BT;
+          for (int kb = 0; kb < KB; ++kb) {
+            SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0,
+                                   b_row);
+          }
+          for (int wg = 0; wg < NWG; ++wg) {
+            const int v0 = (blockIdx.x * NWG + wg) * BV;
+            SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+          }
         }
-        for (int wg = 0; wg < NWG; ++wg) {
-          const int v0 = (blockIdx.x * NWG + wg) * BV;
-          SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
-          SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+        if (use_gk) {
+          const uint32_t d = smem_u32 + Map::DECAY_OFF + uint32_t((s * K + lane * KPL) * 4);
+          if constexpr (KPL == 4) {
+            st_shared_v4(d, __float_as_uint(fast_exp2(cur.gk[0])), __float_as_uint(fast_exp2(cur.gk[1])),
+                         __float_as_uint(fast_exp2(cur.gk[2])), __float_as_uint(fast_exp2(cur.gk[3])));
+          } else {
+            st_shared_u32(d, __float_as_uint(fast_exp2(cur.gk[0])));
+            st_shared_u32(d + 4, __float_as_uint(fast_exp2(cur.gk[1])));
+          }
         }
+        if (use_g) {
+          float* gv = reinterpret_cast<float*>(smem + Map::GATE_OFF) + s * G_LEN;
+          const bool ok0 = lane < cur.rows, ok1 = lane + 32 < cur.rows;
+          gv[G_GATE + lane] = ok0 ? fast_exp2(cur.g_last - cur.g0) : 0.f;
+          gv[G_GATE + 32 + lane] = ok1 ? fast_exp2(cur.g_last - cur.g1) : 0.f;
+          gv[G_WEIGHT + lane] = ok0 ? fast_exp2(cur.g0) : 0.f;
+          gv[G_WEIGHT + 32 + lane] = ok1 ? fast_exp2(cur.g1) : 0.f;
+          if (lane == 0) gv[G_DECAY] = fast_exp2(cur.g_last);
+        }
+        arrive_bar(&full_bar[s]);
+        if (i + PREFETCH < NC) fetch(i + PREFETCH, cur);
+        if (++s == STAGES) s = 0, phase ^= 1u;
       }
-      if (i + 1 < NC) fetch(i + 1, nxt);
-      if (use_gk) {
-        float* d = reinterpret_cast<float*>(smem + Map::DECAY_OFF) + s * K + lane * KPL;
-        CUTE_UNROLL
-        for (int q = 0; q < KPL; ++q) d[q] = fast_exp2(cur.gk[q]);
-      }
-      if (use_g) {
-        float* gv = reinterpret_cast<float*>(smem + Map::GATE_OFF) + s * G_LEN;
-        const bool ok0 = lane < cur.rows, ok1 = lane + 32 < cur.rows;
-        gv[G_GATE + lane] = ok0 ? fast_exp2(cur.g_last - cur.g0) : 0.f;
-        gv[G_GATE + 32 + lane] = ok1 ? fast_exp2(cur.g_last - cur.g1) : 0.f;
-        gv[G_WEIGHT + lane] = ok0 ? fast_exp2(cur.g0) : 0.f;
-        gv[G_WEIGHT + 32 + lane] = ok1 ? fast_exp2(cur.g1) : 0.f;
-        if (lane == 0) gv[G_DECAY] = fast_exp2(cur.g_last);
-      }
-      arrive_bar(&full_bar[s]);
-      cur = nxt;
-      if (++s == STAGES) s = 0, phase ^= 1u;
     }
     // A padded packed batch (cu_seqlens[-1] < T): the last sequence's CTAs write zeros
     // to dv2's padding rows for their (hv, V columns), as fla leaves them unwritten.

@@ -25,6 +25,8 @@ SHAPES = [
     ("b8_t4096_h32", 8, 4096, 32, 32, 128, 128, "gk", None),
     ("b4_t8192_h16", 4, 8192, 16, 16, 128, 128, "gk", None),
     ("b1_t65536_h32", 1, 65536, 32, 32, 128, 128, "gk", None),
+    # one long sequence with 16 heads: 32 CTAs of one warpgroup, a quarter of a wave
+    ("b1_t65536_h16", 1, 65536, 16, 16, 128, 128, "gk", None),
     ("gva_b1_t11264_h16_hv32", 1, 11264, 16, 32, 128, 128, "gk", None),
     ("b8_t1096_h4_tail", 8, 1096, 4, 4, 128, 128, "gk", None),
     ("k64_b8_t4096_h32", 8, 4096, 32, 32, 64, 128, "gk", None),
