@@ -912,12 +912,13 @@ mod tests {
 
     #[test]
     fn a_prepared_call_replans_without_revalidating() {
-        // A few CTAs over long sequences: Extended's policy says fallback, Capable says kernel.
-        let (pc, p) = prepared(on_cuda(call(1, 256 * 64, 4, 4, 64, 64, DType::BF16)), Rule::Extended);
+        // A few CTAs: B2a's floor says fallback, Extended and Capable say kernel.
+        let (pc, p) = prepared(on_cuda(call(1, 256 * 64, 4, 4, 64, 64, DType::BF16)), Rule::B2a);
         assert!(!p.is_kernel());
-        assert!(p.describe().1.starts_with("4 CTAs <= half of 132 SMs"), "{p}");
+        assert_eq!(p.describe().1, "B*HV*(V/64) = 4 < 256 CTAs", "{p}");
         assert_eq!(pc.replan(Rule::Capable).describe(), (true, "kernel-sm90a".to_string()));
-        assert_eq!(pc.replan(Rule::Extended), p);
+        assert_eq!(pc.replan(Rule::Extended).describe(), (true, "kernel-sm90a".to_string()));
+        assert_eq!(pc.replan(Rule::B2a), p);
         for rule in [Rule::B2a, Rule::Extended, Rule::Capable] {
             assert_eq!(pc.replan(rule), plan(&pc.desc, &H200, rule));
         }
@@ -930,7 +931,7 @@ mod tests {
         let (pc, p) = prepared(on_cuda(call(2, 256, 32, 32, 128, 128, DType::BF16)), Rule::Extended);
         let Plan::Kernel { arch, config } = p else { panic!("{p}") };
         assert_eq!(pc.kernel, Some((arch, config)));
-        let (pc, p) = prepared(on_cuda(call(1, 256 * 64, 4, 4, 64, 64, DType::BF16)), Rule::Extended);
+        let (pc, p) = prepared(on_cuda(call(1, 256 * 64, 4, 4, 64, 64, DType::BF16)), Rule::B2a);
         assert!(!p.is_kernel() && pc.kernel.is_none());
     }
 

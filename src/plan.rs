@@ -25,14 +25,9 @@ pub const MIN_CTAS_B2A: i64 = 256;
 /// The Extended rule's CTA floor: none. At 128 CTAs the kernel beats fla (b4_t8192_h16,
 /// 1.41x, v4, benches/results/2026-11-30-NVIDIA_H200-v4-c99b8b5.json), and a call of one
 /// chunk per sequence is issue latency more than GPU time (the kernel's is lower), so a
-/// small grid alone is no reason to fall back; the measured losses are the policy
+/// small grid alone is no reason to fall back; measured losses would be the policy
 /// clauses below.
 pub const MIN_CTAS_EXTENDED: i64 = 1;
-/// Chunks per sequence from which a grid of at most half a wave goes to fla (the
-/// half-wave clause of the Extended rule). Measured with the GPU time of each call (v4,
-/// c99b8b5, kernel forced, same run as fla): 64 CTAs lose at 18 chunks (b8_t1096_h4_tail,
-/// 0.79x) and at 1024 (b1_t65536_h32, 0.86x); below 16 chunks nothing was measured.
-pub const LONG_SEQUENCE_CHUNKS: i64 = 16;
 /// One measured clause of the Extended rule on Hopper: a kind of call where the kernel
 /// measured slower than fla, stated in what it depends on (CTAs per wave, which is the SM
 /// count, and chunks per sequence), with the GPU and the record it was measured on. On a
@@ -49,28 +44,23 @@ pub struct PolicyClause {
     pub record: &'static str,
 }
 
-/// The Extended rule's measured clauses, in the order they are checked.
-pub const POLICY: [PolicyClause; 2] = [
-    PolicyClause {
-        name: "half-wave",
-        when: "dense, N*HV*V/64 CTAs <= SMs / 2 (half a wave of one CTA per SM), >= 16 chunks per sequence",
-        measured_on: "NVIDIA H200",
-        measured_sms: 132,
-        record: "benches/results/2026-11-30-NVIDIA_H200-forced-c99b8b5.json",
-    },
-    PolicyClause {
-        name: "gva-below-wave",
-        when: "GVA (H < HV), N*HV*V/64 CTAs < SMs (below one wave)",
-        measured_on: "NVIDIA H200",
-        measured_sms: 132,
-        record: "benches/results/2026-11-30-NVIDIA_H200-forced-c99b8b5.json",
-    },
-];
+/// The Extended rule's measured clauses, in the order they are checked: none. The
+/// register-state kernel measured faster than fla on every row of the benchmark, the
+/// grids below one wave included (b1_t65536_h32 1.24x, b1_t65536_h16 1.22x,
+/// gva_b1_t11264_h16_hv32 1.19x, b8_t1096_h4_tail 1.12x; fla re-tuned for each row, same
+/// run): benches/results/2026-12-02-NVIDIA_H200-variants-3e142d3.json. The two clauses
+/// that sent half a wave of long sequences and GVA below one wave to fla were the default
+/// (shared-memory-state) kernel's measurements.
+pub const POLICY: [PolicyClause; 0] = [];
 
 /// Each clause of `POLICY` with what it means on `dev`: whether it was measured on a GPU of
 /// this SM count.
 pub fn policy_notes(dev: &DeviceInfo) -> Vec<(PolicyClause, String)> {
-    POLICY
+    clause_notes(&POLICY, dev)
+}
+
+fn clause_notes(clauses: &[PolicyClause], dev: &DeviceInfo) -> Vec<(PolicyClause, String)> {
+    clauses
         .iter()
         .map(|c| {
             let note = if c.measured_sms == dev.sm_count {
@@ -197,10 +187,10 @@ impl DeviceInfo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sm90Variant {
     /// cuda/dhu_sm90.cu's `dhu_kernel`: the state [K, 64] in registers, bf16(b) and dv2
-    /// through shared memory as the B operands of DV and WD (the default).
+    /// through shared memory as the B operands of DV and WD (`KDA_DHU_SM90_VARIANT=smem`).
     Smem,
     /// cuda/dhu_sm90_regstate.cuh: the state held transposed, [64, K], both chain
-    /// products with A from registers (`KDA_DHU_SM90_VARIANT=regstate`, until measured).
+    /// products with A from registers (the default).
     RegState,
 }
 
@@ -406,29 +396,11 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
                 grid_clause(),
             ];
             if rule == Rule::Extended && arch != Some(Arch::Sm100) {
-                // Policy: the measured clauses of `POLICY` (the sm_100 kernel takes its whole
-                // envelope: nothing was measured there).
-                clauses.extend([
+                // Policy: the CTA floor and the measured clauses of `POLICY` (none today;
+                // the sm_100 kernel takes its whole envelope: nothing was measured there).
+                clauses.push(
                     (ctas < MIN_CTAS_EXTENDED).then(|| format!("N*HV*(V/64) = {ctas} < {MIN_CTAS_EXTENDED} CTAs")),
-                    (!desc.varlen()
-                        && 2 * ctas <= i64::from(dev.sm_count)
-                        && (d.t + BT - 1) / BT >= LONG_SEQUENCE_CHUNKS)
-                        .then(|| {
-                            format!(
-                                "{ctas} CTAs <= half of {} SMs with {} chunks per sequence: the chain-bound \
-                                 kernel measured 0.79-0.86x fla's speed (b8_t1096_h4_tail, b1_t65536_h32)",
-                                dev.sm_count,
-                                (d.t + BT - 1) / BT
-                            )
-                        }),
-                    (d.h < d.hv && ctas < i64::from(dev.sm_count)).then(|| {
-                        format!(
-                            "GVA (H={} < HV={}) below one wave ({ctas} CTAs < {} SMs): measured 0.79x fla's speed \
-                             (gva_b1_t11264_h16_hv32)",
-                            d.h, d.hv, dev.sm_count
-                        )
-                    }),
-                ]);
+                );
             }
             clauses
         }
@@ -503,16 +475,18 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
             grid: [(d.v / (BV * i64::from(nwg))) as u32, d.hv as u32, d.n as u32],
             nwg,
             svf: desc.state_v_first,
-            variant: sm90_variant(arch, crate::env::sm90_regstate()),
+            variant: sm90_variant(arch, crate::env::sm90_smem()),
         },
     }
 }
 
-/// The sm_90a kernel for a call the planner sends to `arch`: the register-state variant
-/// where `regstate` (`KDA_DHU_SM90_VARIANT=regstate`) asks for it on sm_90a (it computes
-/// every call the default kernel does, with the same grid and threads), else the default.
-pub fn sm90_variant(arch: Arch, regstate: bool) -> Sm90Variant {
-    if arch == Arch::Sm90 && regstate {
+/// The sm_90a kernel for a call the planner sends to `arch`: the register-state kernel,
+/// unless `smem` (`KDA_DHU_SM90_VARIANT=smem`) asks for the shared-memory-state kernel
+/// (both compute every call the planner sends to sm_90a, with the same grid and threads).
+/// The register-state kernel measured at least as fast on every benchmark row (1.0-1.7x;
+/// benches/results/2026-12-02-NVIDIA_H200-variants-3e142d3.json). sm_100a has one kernel.
+pub fn sm90_variant(arch: Arch, smem: bool) -> Sm90Variant {
+    if arch == Arch::Sm90 && !smem {
         Sm90Variant::RegState
     } else {
         Sm90Variant::Smem
@@ -741,7 +715,7 @@ mod tests {
             assert_eq!(config.grid, [2, 32, 4]);
             assert_eq!(config.k, 128);
             assert_eq!(config.flags, FLAG_GK | FLAG_DHT | FLAG_DH0);
-            assert_eq!(config.entry_point(arch), "kda_dhu_sm90_k128_bf16");
+            assert_eq!(config.entry_point(arch), "kda_dhu_sm90_rs_k128_bf16");
         }
     }
 
@@ -822,10 +796,10 @@ mod tests {
     }
 
     #[test]
-    fn register_state_variant_only_when_switched_on_and_only_on_sm90() {
-        assert_eq!(sm90_variant(Arch::Sm90, true), Sm90Variant::RegState);
-        assert_eq!(sm90_variant(Arch::Sm90, false), Sm90Variant::Smem);
-        assert_eq!(sm90_variant(Arch::Sm100, true), Sm90Variant::Smem, "sm_100a has one kernel");
+    fn register_state_kernel_by_default_and_only_on_sm90() {
+        assert_eq!(sm90_variant(Arch::Sm90, false), Sm90Variant::RegState);
+        assert_eq!(sm90_variant(Arch::Sm90, true), Sm90Variant::Smem);
+        assert_eq!(sm90_variant(Arch::Sm100, false), Sm90Variant::Smem, "sm_100a has one kernel");
         let image = KernelConfig::all(Arch::Sm90);
         let mut kernels = 0;
         for (what, mutate, _, _) in clauses() {
@@ -835,15 +809,16 @@ mod tests {
                         let mut d = base();
                         mutate(&mut d);
                         let Plan::Kernel { arch, config } = plan(&d, &dev, rule) else { continue };
-                        // Switched off (the test environment): the default kernel.
-                        assert_eq!(config.variant, Sm90Variant::Smem, "{what} {rule:?}");
-                        // Switched on: the same call on the register-state kernel of the
-                        // image (same grid, threads, flags), on sm_90a only.
+                        // No switch (the test environment): the register-state kernel on sm_90a.
+                        let want = if arch == Arch::Sm90 { Sm90Variant::RegState } else { Sm90Variant::Smem };
+                        assert_eq!(config.variant, want, "{what} {rule:?}");
+                        // The same call on each warpgroup count: the register-state kernel of
+                        // the image (same grid, threads, flags), on sm_90a only.
                         let n = warpgroups(&d, &dev, arch, nwg);
                         let cfg = KernelConfig {
                             nwg: n,
                             grid: [(d.dims.v / (BV * i64::from(n))) as u32, config.grid[1], config.grid[2]],
-                            variant: sm90_variant(arch, true),
+                            variant: sm90_variant(arch, false),
                             ..config
                         };
                         if arch == Arch::Sm100 {
@@ -871,15 +846,15 @@ mod tests {
         assert_eq!(warpgroups(&d, &H200, Arch::Sm90, None), 1);
         let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
         assert_eq!((config.grid, config.nwg, config.block_threads(arch)), ([2, 32, 4], 1, BLOCK_THREADS_SM90));
-        assert_eq!(config.entry_point(arch), "kda_dhu_sm90_k128_bf16");
+        assert_eq!(config.entry_point(arch), "kda_dhu_sm90_rs_k128_bf16");
         // B8: 256 CTAs of two warpgroups fill the device.
         let mut d = base();
         d.dims.b = 8;
         d.dims.n = 8;
         let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
         assert_eq!((config.grid, config.nwg, config.block_threads(arch)), ([1, 32, 8], 2, BLOCK_THREADS_SM90_WG2));
-        assert_eq!(config.entry_point(arch), "kda_dhu_sm90_k128_bf16_wg2");
-        assert_eq!(config.slot(), 6);
+        assert_eq!(config.entry_point(arch), "kda_dhu_sm90_rs_k128_bf16_wg2");
+        assert_eq!(config.slot(), 16 + 6);
         // V = 64 (or any V not a multiple of 128) keeps one; the override applies where V allows.
         let mut d = base();
         d.dims.b = 64;
@@ -923,46 +898,29 @@ mod tests {
 
     #[test]
     fn extended_policy_follows_the_measurement() {
-        // K = 64: the kernel (v3 measured 1.14-1.43x fla's speed).
+        // No measured clause: every shape the kernel computes is the kernel's under
+        // Extended, the rows that the shared-memory-state kernel lost to fla included
+        // (the register-state kernel measured faster than fla on each).
+        assert!(POLICY.is_empty());
         let mut d = base();
         d.dims.k = 64;
-        assert!(plan(&d, &H200, Rule::Extended).is_kernel());
-        // At most half a wave of long sequences: fla under Extended, kernel under Capable
-        // (what launch and KDA_DHU_FORCE=kernel use); short sequences or packed batches stay.
-        let mut d = base();
-        d.dims = Dims { b: 1, t: 65536, h: 32, hv: 32, k: 128, v: 128, n: 1 };
-        assert_eq!(
-            reason(plan(&d, &H200, Rule::Extended)),
-            "64 CTAs <= half of 132 SMs with 1024 chunks per sequence: the chain-bound kernel measured \
-             0.79-0.86x fla's speed (b8_t1096_h4_tail, b1_t65536_h32)"
-        );
-        assert!(plan(&d, &H200, Rule::Capable).is_kernel());
-        d.dims.t = 15 * 64;
-        assert!(plan(&d, &H200, Rule::Extended).is_kernel(), "15 chunks: not measured, the kernel");
-        d.dims.t = 15 * 64 + 1; // a 16th chunk of one token
-        assert!(reason(plan(&d, &H200, Rule::Extended)).contains("with 16 chunks per sequence"));
-        d.dims = Dims { b: 8, t: 1096, h: 4, hv: 4, k: 128, v: 128, n: 8 };
-        assert!(
-            reason(plan(&d, &H200, Rule::Extended)).starts_with("64 CTAs <= half of 132 SMs with 18 chunks"),
-            "b8_t1096_h4: 0.79x fla at 64 CTAs"
-        );
-        assert!(plan(&d, &H200, Rule::Capable).is_kernel());
-        d.dims = Dims { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, n: 1 };
-        assert!(plan(&d, &H200, Rule::Extended).is_kernel(), "one chunk: the kernel");
-        d.dims = Dims { b: 2, t: 8192, h: 32, hv: 32, k: 128, v: 128, n: 2 };
-        assert!(plan(&d, &H200, Rule::Extended).is_kernel(), "b2_t8192_h32: 128 CTAs, 1.65x fla");
-        // GVA below one wave: fla; GVA at a full wave, or H == HV below one: kernel.
-        let mut d = base();
-        d.dims = Dims { b: 1, t: 11264, h: 16, hv: 32, k: 128, v: 128, n: 1 };
-        // gva_b1_t11264_h16_hv32: 64 CTAs, also at most half a wave (that clause first)
-        assert!(reason(plan(&d, &H200, Rule::Extended)).starts_with("64 CTAs <= half of 132 SMs"));
-        assert!(plan(&d, &H200, Rule::Capable).is_kernel());
-        d.dims.h = 32;
-        d.dims.hv = 64;
-        assert!(reason(plan(&d, &H200, Rule::Extended)).starts_with("GVA (H=32 < HV=64) below one wave (128 CTAs"));
-        d.dims.b = 2;
-        d.dims.n = 2;
-        assert!(plan(&d, &H200, Rule::Extended).is_kernel(), "256 CTAs >= 132 SMs");
+        assert!(plan(&d, &H200, Rule::Extended).is_kernel(), "K = 64");
+        for (dims, what) in [
+            (Dims { b: 1, t: 65536, h: 32, hv: 32, k: 128, v: 128, n: 1 }, "b1_t65536_h32: 64 CTAs, 1024 chunks"),
+            (Dims { b: 1, t: 65536, h: 16, hv: 16, k: 128, v: 128, n: 1 }, "b1_t65536_h16: 32 CTAs"),
+            (Dims { b: 8, t: 1096, h: 4, hv: 4, k: 128, v: 128, n: 8 }, "b8_t1096_h4_tail: 64 CTAs, 18 chunks"),
+            (Dims { b: 1, t: 11264, h: 16, hv: 32, k: 128, v: 128, n: 1 }, "gva_b1_t11264_h16_hv32: GVA below a wave"),
+            (Dims { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, n: 1 }, "one chunk, one CTA"),
+            (Dims { b: 1, t: 15 * 64 + 1, h: 1, hv: 1, k: 64, v: 64, n: 1 }, "16 chunks, one CTA"),
+        ] {
+            let mut d = base();
+            d.dims = dims;
+            for rule in [Rule::Extended, Rule::Capable] {
+                assert!(plan(&d, &H200, rule).is_kernel(), "{what} {rule:?}");
+            }
+            // B2a keeps the seed's floor (and its T % 64 and H == HV clauses).
+            assert!(!plan(&d, &H200, Rule::B2a).is_kernel(), "{what}");
+        }
     }
 
     #[test]
@@ -1044,14 +1002,22 @@ mod tests {
 
     #[test]
     fn policy_notes_say_where_a_clause_was_measured() {
-        let notes = policy_notes(&H200);
-        assert_eq!(notes.len(), POLICY.len());
-        assert!(notes.iter().all(|(_, n)| n.starts_with("measured on NVIDIA H200 (132 SMs)")), "{notes:?}");
+        assert_eq!(policy_notes(&H200).len(), POLICY.len());
+        let clause = PolicyClause {
+            name: "example",
+            when: "a kind of call",
+            measured_on: "NVIDIA H200",
+            measured_sms: 132,
+            record: "benches/results/2026-12-02-NVIDIA_H200-variants-3e142d3.json",
+        };
+        let notes = clause_notes(&[clause], &H200);
+        assert_eq!(notes, vec![(clause, "measured on NVIDIA H200 (132 SMs), the SM count of this GPU".to_string())]);
         let h100_pcie = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 114 };
-        for (_, n) in policy_notes(&h100_pcie) {
-            assert_eq!(n, "not measured on a GPU of 114 SMs: applied as measured on NVIDIA H200 (132 SMs)");
-        }
-        for c in POLICY {
+        assert_eq!(
+            clause_notes(&[clause], &h100_pcie)[0].1,
+            "not measured on a GPU of 114 SMs: applied as measured on NVIDIA H200 (132 SMs)"
+        );
+        for c in POLICY.iter().chain([&clause]) {
             assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(c.record).is_file(), "{}", c.record);
         }
     }

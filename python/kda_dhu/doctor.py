@@ -262,7 +262,10 @@ def _policy(out) -> None:
     if not gpus:
         print("  no GPU here: the clauses depend on the GPU's SM count", file=out)
         return
-    for name, when, _measured_on, record, note in _core.policy(0):
+    clauses = _core.policy(0)
+    if not clauses:
+        print("  none: every call the kernel computes runs on it (src/plan.rs, POLICY)", file=out)
+    for name, when, _measured_on, record, note in clauses:
         print(f"  {name}: fla when {when}", file=out)
         print(f"      cuda:0: {note}; record {record}", file=out)
 

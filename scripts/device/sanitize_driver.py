@@ -4,8 +4,9 @@ A handful of small calls covering the kernel's code paths: the envelope (K 64 / 
 bf16), a dense tail, varlen with lengths [1, 63, 65, 7] (fla's chunk tables, int64 and
 int32), a padded packed batch, GVA, the g gate, no gate without states, one fp16 call,
 two warpgroups, state_v_first, inputs in strided, sliced, expanded and misaligned
-layouts (copied before the kernel reads them), and the register-state variant (``rs_``
-cases, KDA_DHU_SM90_VARIANT=regstate) over the same kinds of calls. Each case runs the
+layouts (copied before the kernel reads them), on the shared-memory-state kernel
+(KDA_DHU_SM90_VARIANT=smem), and the register-state kernel (the default; ``rs_`` cases,
+KDA_DHU_SM90_VARIANT=regstate) over the same kinds of calls. Each case runs the
 kernel twice: once
 directly with NaN-poisoned outputs (``kda_dhu.testing.run_kernel(args, poison=True)``),
 once through the public entry point with ``KDA_DHU_FORCE=kernel``, and checks both
@@ -155,11 +156,7 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
         os.environ.pop("KDA_DHU_SM90_NWG", None)
     else:
         os.environ["KDA_DHU_SM90_NWG"] = str(nwg)
-    variant = spec.pop("variant", None)
-    if variant is None:
-        os.environ.pop("KDA_DHU_SM90_VARIANT", None)
-    else:
-        os.environ["KDA_DHU_SM90_VARIANT"] = variant
+    os.environ["KDA_DHU_SM90_VARIANT"] = spec.pop("variant", "smem")
     a = make_inputs(dtype=dtype, device="cuda", generator=gen, **spec)
     if tables is not None:
         cu = a["cu_seqlens"].to(tables)

@@ -8,7 +8,6 @@ Cases (``CASES``): g and gk together (dense, packed); K = 256 (dense; packed wit
 tables, with an N-entry chunk_offsets, without tables, with empty sequences; state_v_first;
 g with a tail and no states; fla's CUDA-graph buffers, dense and packed with graph-mode
 tables); K = 96 and V = 96; chunk_size 32; float32 inputs; 16-bit dtypes that differ;
-GVA below one wave and a long sequence on half a wave (the extended rule's policy);
 scale=None; empty sequences on the kernel; every sequence empty (answered directly: dh
 has no rows, dh0 = dht, dv2 zeros; through fla with K = 256; on the kernel with fla's
 graph tables).
@@ -111,8 +110,9 @@ CASES = {
     "chunk_size_32": (lambda rng: _mk(rng, gate="g", chunk_size=32), "fla"),
     "float32": (lambda rng: _mk(rng, dtype=FP32), "fla"),
     "mixed_16bit_dtypes": (_mixed, "fla"),
-    "gva_below_a_wave": (lambda rng: _mk(rng, B=1, T=192, H=1, HV=4, V=64), "fla"),
-    "long_sequence_half_wave": (lambda rng: _mk(rng, B=1, T=1100, H=1, HV=1, V=64), "fla"),
+    # below one wave: the kernel's (no measured clause sends them to fla)
+    "gva_below_a_wave": (lambda rng: _mk(rng, B=1, T=192, H=1, HV=4, V=64), "kernel"),
+    "long_sequence_half_wave": (lambda rng: _mk(rng, B=1, T=1100, H=1, HV=1, V=64), "kernel"),
     "scale_none": (lambda rng: dict(_mk(rng, K=256), scale=None), "fla"),
     "empty_sequences": (lambda rng: _tables(_mk(rng, B=1, T=200, varlen_lengths=EMPTY_BETWEEN)), "kernel"),
     "all_sequences_empty": (lambda rng: _tables(_mk(rng, B=1, T=64, varlen_lengths=[0, 0, 0])), "direct"),

@@ -1,7 +1,7 @@
 """GPU: each first act of a process after ``import kda_dhu``, fla not imported yet,
 returns the right answer: the seed dispatcher below its 256-CTA floor (fla's function
-runs), a direct call the planner routes to fla, fla's public call (the registry: the
-kernel runs), and ``patch()`` followed by fla's KDA module's call.
+runs), a direct call the planner routes to fla (K = 256: no kernel), fla's public call
+(the registry: the kernel runs), and ``patch()`` followed by fla's KDA module's call.
 
 Each runs in a fresh interpreter with a time limit (a lock held across fla's import
 used to make the first two and ``patch()`` wait forever), and checks its outputs against
@@ -29,8 +29,8 @@ from kda_dhu.reference import chunk_gated_delta_rule_bwd_dhu_ref, rel_err
 from kda_dhu.testing import make_inputs
 assert "fla" not in sys.modules
 
-def inputs(B, T, H):
-    return make_inputs(B, T, H, H, 128, 128, device="cuda", generator=torch.Generator().manual_seed(B * T * H))
+def inputs(B, T, H, K=128):
+    return make_inputs(B, T, H, H, K, 128, device="cuda", generator=torch.Generator().manual_seed(B * T * H))
 
 def check(a, out, launches, want_launches, what):
     torch.cuda.synchronize()
@@ -47,7 +47,8 @@ def counted(fn):
     return out, _core.launch_count() - n0
 
 KERNEL = (4, 128, 32)  # 256 CTAs: the kernel on every rule
-BELOW = (1, 1024, 4)   # 8 CTAs, 16 chunks: fla's (the seed's floor, the half-wave clause)
+BELOW = (1, 1024, 4)   # 8 CTAs: under kda_dhu_b2a's 256-CTA floor (fla's there)
+FLA = (2, 128, 2, 256)  # K = 256: no kernel, fla's on every route
 """
 
 _ACTS = {
@@ -57,7 +58,7 @@ out, n = counted(lambda: kda_dhu.kda_dhu_b2a(a["q"], a["k"], a["w"], a["gk"], a[
 check(a, out, n, 0, "kda_dhu_b2a below its floor")
 """,
     "a direct call routed to fla": """
-a = inputs(*BELOW)
+a = inputs(*FLA)
 out, n = counted(lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a))
 check(a, out, n, 0, "chunk_gated_delta_rule_bwd_dhu on fla's route")
 """,
@@ -70,7 +71,7 @@ check(a, out, n, 1, "fla's chunk_gated_delta_rule_bwd_dhu (registry)")
     "patch(), then fla's KDA call": """
 assert kda_dhu.patch() > 0
 import fla.ops.kda.chunk_bwd as kb
-for shape, want in ((KERNEL, 1), (BELOW, 0)):
+for shape, want in ((KERNEL, 1), (BELOW, 1), (FLA, 0)):
     a = inputs(*shape)
     out, n = counted(lambda: kb.chunk_gated_delta_rule_bwd_dhu(**a))
     check(a, out, n, want, f"fla.ops.kda.chunk_bwd's stage 4 after patch(), {shape}")

@@ -237,8 +237,8 @@ def test_prepared_launch_equals_the_stateless_launch(rng):
 
 
 # _core.run's cases: (rule, make_inputs arguments, chunk tables); each must plan the sm_90a
-# kernel under its rule ("capable": wherever the kernel can run, past the policy clauses,
-# e.g. GVA below one wave, which "extended" sends to fla). Packed batches carry fla's
+# kernel under its rule ("capable": wherever the kernel can run, past the policy clauses
+# that "extended" would apply). Packed batches carry fla's
 # chunk_indices (the one-crossing path needs NT without a host read) in int64 or int32.
 RUN_CASES = [
     ("extended", dict(B=1, T=64, H=1, HV=1, K=128, V=64, gate="gk"), None),

@@ -25,7 +25,8 @@ VARIANTS = ("smem", "regstate")
 
 @pytest.fixture(autouse=True, params=VARIANTS)
 def variant(request, monkeypatch):
-    """The sm_90a kernel under test: the default ("smem") or the register-state variant."""
+    """The sm_90a kernel under test: the shared-memory-state kernel ("smem") or the
+    register-state kernel ("regstate", the default)."""
     monkeypatch.setenv("KDA_DHU_SM90_VARIANT", request.param)
     return request.param
 
@@ -391,7 +392,8 @@ def test_non_default_stream(rng):
 @pytest.mark.parametrize("nwg,svf", [("1", False), ("2", False), ("1", True), ("2", True)])
 def test_the_switch_picks_the_kernel(rng, monkeypatch, variant, nwg, svf):
     """KDA_DHU_SM90_VARIANT reaches the launch: the register-state entry points (`_rs_`)
-    run under "regstate", the default ones otherwise, with the warpgroups asked for."""
+    run under "regstate" and with the switch unset, the shared-memory-state ones under
+    "smem", with the warpgroups asked for."""
     monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
     args = make_inputs(
         2, 128, 2, 2, 128, 128, torch.bfloat16, "gk", state_v_first=svf, device="cuda", generator=rng
@@ -402,6 +404,10 @@ def test_the_switch_picks_the_kernel(rng, monkeypatch, variant, nwg, svf):
     stem = "kda_dhu_sm90_rs_" if variant == "regstate" else "kda_dhu_sm90_"
     suffix = ("_wg2" if nwg == "2" else "") + ("_svf" if svf else "")
     assert names == [f"{stem}k128_bf16{suffix}"], names
+    if variant == "regstate":
+        monkeypatch.delenv("KDA_DHU_SM90_VARIANT")
+        names = _launched_kernels(lambda: run_kernel(args))
+        assert names == [f"kda_dhu_sm90_rs_k128_bf16{suffix}"], ("switch unset", names)
 
 
 def test_register_state_kernel_matches_the_default_closely(rng, monkeypatch, variant):

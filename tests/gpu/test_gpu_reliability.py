@@ -332,7 +332,7 @@ def test_repeated_runs_are_bitwise_identical(rng, case):
 @pytest.mark.parametrize("case", ["dense_gk", "varlen_padded_gk", "gva_gk"])
 def test_non_default_stream_matches_default_stream_and_fla(rng, monkeypatch, case):
     """On a side stream: bitwise the default stream's result, and close to fla. < 1 s."""
-    monkeypatch.setenv("KDA_DHU_FORCE", "kernel")  # gva_gk is below one wave: fla's by policy
+    monkeypatch.setenv("KDA_DHU_FORCE", "kernel")  # the kernel on every rule that computes it
     args = _case(case, rng)
     expect = kda_dhu.chunk_gated_delta_rule_bwd_dhu(**args)
     fla = kda_dhu.fla_function()(**args)
@@ -492,7 +492,7 @@ def test_inputs_on_cuda1_while_current_device_is_cuda0(rng, monkeypatch, case):
     """Inputs on cuda:1 with cuda:0 current: outputs on cuda:1, bitwise the poisoned
     kernel run of the same inputs on cuda:0, close to fla on cuda:1; the current device
     is left alone. < 2 s."""
-    monkeypatch.setenv("KDA_DHU_FORCE", "kernel")  # gva_gk is below one wave: fla's by policy
+    monkeypatch.setenv("KDA_DHU_FORCE", "kernel")  # the kernel on every rule that computes it
     args0 = _case(case, rng, device="cuda:0")
     args1 = _to(args0, "cuda:1")
     with torch.cuda.device(0):

@@ -3,14 +3,14 @@
 Routes: the full-signature entry point, the seed dispatcher ``kda_dhu_b2a``, the custom
 op, fla's public call through its backend registry (verifier and implementation), and
 fla's KDA module's call after ``patch()``. Shapes: one every rule sends to the kernel
-(256 CTAs) and one below a wave that every rule sends to fla (8 CTAs, 16 chunks: the
-seed's floor, the half-wave clause). Kernel launches are counted with
+(256 CTAs) and one below a wave (8 CTAs, 16 chunks) that the seed's rule sends to fla (its
+256-CTA floor) and the others to the kernel. Kernel launches are counted with
 ``_core.launch_count()`` (every route) and every output is checked against the float64
 reference:
 
 | KDA_DHU_FORCE | kernel-route shape | below-a-wave shape | K = 256 (the kernel cannot) |
 |---|---|---|---|
-| unset | 1 launch | 0 | 0 (fla) |
+| unset | 1 launch | 0 under kda_dhu_b2a, else 1 | 0 (fla) |
 | fla | 0 | 0 | 0 |
 | kernel | 1 | 1 | RuntimeError naming the switch |
 | bogus | ValueError naming the switch | ValueError | ValueError |
@@ -38,7 +38,7 @@ SHAPES = {
 }
 # launches per (switch, shape); an exception type where every route raises it
 EXPECTED = {
-    None: {"kernel-route": 1, "below-a-wave": 0, "k256": 0},
+    None: {"kernel-route": 1, "below-a-wave": 1, "k256": 0},
     "fla": {"kernel-route": 0, "below-a-wave": 0, "k256": 0},
     "kernel": {"kernel-route": 1, "below-a-wave": 1, "k256": RuntimeError},
     "bogus": {"kernel-route": ValueError, "below-a-wave": ValueError, "k256": ValueError},
@@ -74,6 +74,14 @@ def _patched(a):
 ROUTES = {"direct": _direct, "b2a": _b2a, "op": _op, "registry": _registry, "patched": _patched}
 
 
+def expected(switch, shape, route):
+    """EXPECTED, with the seed's rule's own floor: unset, kda_dhu_b2a sends the
+    below-a-wave shape to fla."""
+    if switch is None and shape == "below-a-wave" and route in ("b2a", "plan_b2a"):
+        return 0
+    return EXPECTED[switch][shape]
+
+
 @pytest.fixture(scope="module")
 def cases():
     gen = torch.Generator().manual_seed(23)
@@ -101,7 +109,7 @@ def test_the_switch_decides_the_same_on_every_route(cases, monkeypatch, switch, 
         pytest.skip("kda_dhu_b2a's K = 256 is the kernel-cannot case of the full signature (covered there)")
     if switch is not None:
         monkeypatch.setenv("KDA_DHU_FORCE", switch)
-    want = EXPECTED[switch][shape]
+    want = expected(switch, shape, route)
     torch.cuda.synchronize()
     before = _core.launch_count()
     if isinstance(want, type):
@@ -127,13 +135,13 @@ def test_the_planners_say_what_runs(cases, monkeypatch, switch, shape):
     a, _ = cases[shape]
     if switch is not None:
         monkeypatch.setenv("KDA_DHU_FORCE", switch)
-    want = EXPECTED[switch][shape]
     verdicts = {"plan_call": kda_dhu.plan_call(**a)}
     if shape != "k256":
         verdicts["plan_b2a"] = kda_dhu.plan_b2a(
             a["q"], a["k"], a["w"], a["gk"], a["h0"], a["dht"], a["do"], a["dv"], a["scale"], 64
         )
     for who, (ok, reason) in verdicts.items():
+        want = expected(switch, shape, who)
         if isinstance(want, type):
             assert ok is False and reason.startswith(f"{want.__name__}: KDA_DHU_FORCE"), (who, reason)
         else:
