@@ -7,8 +7,8 @@ alone, and do-nothing backends registered as kda-dhu's is (microseconds, wall cl
 
 Routes (the calls: bf16, gk gate, h0 and dht, fla's keyword call as KDA's backward makes it):
   kernel        B1 T64 H1 K128 V64: the planner runs the kernel
-  fla_halfwave  B8 T1096 H4 K128 V128: the planner sends it to fla (at most half a wave of
-                CTAs with 18 chunks per sequence)
+  fla_b8_k256   B8 T1096 H4 K256 V128: the planner sends it to fla (K not in {64, 128}; until
+                c7c8d09 this route was fla_halfwave, K128, which the kernel now takes)
   fla_k256      B1 T64 H1 K256 V64: the planner sends it to fla (K not in {64, 128})
   varlen_ci     B1 T512 H2 K128 V64, 4 packed sequences (VARLEN_LENGTHS), chunk_indices as
                 fla's backward passes them (fla's prepare_chunk_indices)
@@ -50,7 +50,7 @@ Targets (the record's "targets"): through fla's registry, kda-dhu adds at most 5
 fla's own dispatch cost on the kernel route: median over rounds of (registry - null_accept
 - direct) <= 5 us, for kernel, varlen_ci and varlen; a call the planner sends to fla costs at
 most 5 us more than fla's public path with kda-dhu off: median of (registry - fla_off)
-<= 5 us, for fla_halfwave and fla_k256. Differences are taken within each round.
+<= 5 us, for fla_b8_k256 and fla_k256. Differences are taken within each round.
 
 --dry-run: CPU tensors (kda-dhu's CPU path for "direct"), modes direct and null_accept,
 routes kernel and varlen_ci, the CPU steps, few calls; the same record and table (marked
@@ -80,7 +80,7 @@ from kda_dhu.fla_backend import ENV_VAR as BACKEND_ENV  # FLA_KDA_DHU, read by f
 
 ROUTES = {
     "kernel": dict(B=1, T=64, H=1, K=128, V=64, varlen=False, chunk_indices=False, planner="kernel"),
-    "fla_halfwave": dict(B=8, T=1096, H=4, K=128, V=128, varlen=False, chunk_indices=False, planner="fla"),
+    "fla_b8_k256": dict(B=8, T=1096, H=4, K=256, V=128, varlen=False, chunk_indices=False, planner="fla"),
     "fla_k256": dict(B=1, T=64, H=1, K=256, V=64, varlen=False, chunk_indices=False, planner="fla"),
     "varlen_ci": dict(B=1, T=512, H=2, K=128, V=64, varlen=True, chunk_indices=True, planner="kernel"),
     "varlen": dict(B=1, T=512, H=2, K=128, V=64, varlen=True, chunk_indices=False, planner="kernel"),
@@ -277,7 +277,7 @@ def step_fns(call: dict, device: str) -> dict:
     dv2 = torch.empty(dv2_shape, dtype=call["dv"].dtype, device=device)
     stream = torch.cuda.current_stream().cuda_stream
     c = call
-    f = route_call("fla_halfwave", device)
+    f = route_call("fla_b8_k256", device)
     fns.update(
         {
             "decide": lambda: _core.decide("extended", **c),
@@ -286,7 +286,7 @@ def step_fns(call: dict, device: str) -> dict:
             "Call.launch": lambda: decided.launch(dh, dh0, dv2, stream),
             "launch (stateless)": lambda: _core.launch(**c, dh=dh, dh0=dh0, dv2=dv2, stream=stream),
             "verify": lambda: _dispatch.verify(**c),
-            # where a call the planner sends to fla spends its host time (fla_halfwave)
+            # where a call the planner sends to fla spends its host time (fla_b8_k256)
             "fla route: validate": lambda: _core.validate(**f),
             "fla route: decide": lambda: _core.decide("extended", **f),
             "fla route: verify": lambda: _dispatch.verify(**f),

@@ -2,9 +2,9 @@
 set to each variant in turn, interleaved in rounds, fla's output in the same run as the
 correctness anchor.
 
-    python3 benches/variants.py --variants smem,regstate [--shapes a,b] [--out DIR]
+    python3 benches/variants.py --variants smem,regstate [--shapes a,b] [--out DIR]   # the two Hopper kernels
     python3 benches/variants.py --variants KDA_DHU_SM90_NWG=1,KDA_DHU_SM90_NWG=2
-    python3 benches/variants.py --variants "default regstate" --plan   # the variants' settings; no GPU
+    python3 benches/variants.py --variants "smem regstate" --plan   # the variants' settings; no GPU
 
 A variant is one of:
   VALUE          --switch (default KDA_DHU_SM90_VARIANT, read by the core at each launch)

@@ -124,16 +124,16 @@ def test_targets_take_differences_within_rounds(ho):
             registry=[40, 46, 38], null_accept=[20, 22, 18], direct=[16, 18, 16], fla_off=[90, 90, 90]
         ),
         # fla route: registry - fla_off per round: 6, 5.5, 7 -> median 6 (missed)
-        "fla_halfwave": _cells(registry=[96, 95.5, 97], fla_off=[90, 90, 90], null_reject=[91, 91, 91]),
+        "fla_b8_k256": _cells(registry=[96, 95.5, 97], fla_off=[90, 90, 90], null_reject=[91, 91, 91]),
         "varlen_ci": _cells(registry=[50, 50], direct=[30, 30]),  # no null_accept: no value
     }
     derived, targets = ho.derive(cells)
     assert derived["kernel"]["registry_minus_null_accept_minus_direct_us"] == 4
-    assert derived["fla_halfwave"]["registry_minus_fla_off_us"] == 6
-    assert derived["fla_halfwave"]["registry_minus_null_reject_us"] == 5
+    assert derived["fla_b8_k256"]["registry_minus_fla_off_us"] == 6
+    assert derived["fla_b8_k256"]["registry_minus_null_reject_us"] == 5
     t = {x["route"]: x for x in targets}
     assert t["kernel"]["ok"] is True and t["kernel"]["value_us"] == 4
-    assert t["fla_halfwave"]["ok"] is False and t["fla_halfwave"]["limit_us"] == 5
+    assert t["fla_b8_k256"]["ok"] is False and t["fla_b8_k256"]["limit_us"] == 5
     assert t["varlen_ci"]["ok"] is None and t["varlen_ci"]["value_us"] is None
 
 
