@@ -2,15 +2,15 @@
 set to each variant in turn, interleaved in rounds, fla's output in the same run as the
 correctness anchor.
 
-    python3 benches/variants.py --variants smem,regstate [--shapes a,b] [--out DIR]   # the two Hopper kernels
-    python3 benches/variants.py --variants KDA_DHU_SM90_NWG=1,KDA_DHU_SM90_NWG=2
-    python3 benches/variants.py --variants "smem regstate" --plan   # the variants' settings; no GPU
+    python3 benches/variants.py --variants 1,2 [--shapes a,b] [--out DIR]   # warpgroups per CTA
+    python3 benches/variants.py --variants "default KDA_DHU_SM90_NWG=1"
+    python3 benches/variants.py --variants "1 2" --plan   # the variants' settings; no GPU
 
 A variant is one of:
-  VALUE          --switch (default KDA_DHU_SM90_VARIANT, read by the core at each launch)
-                 set to VALUE;
+  VALUE          --switch (default KDA_DHU_SM90_NWG, read by the core at each plan; a kernel
+                 variant under development brings a switch of its own) set to VALUE;
   default        every switch the variants name unset (the shipped kernel);
-  NAME=VALUE     explicit settings, several joined by '+' (KDA_DHU_SM90_NWG=2+KDA_DHU_SM90_VARIANT=regstate).
+  NAME=VALUE     explicit settings, several joined by '+' (KDA_DHU_SM90_NWG=2+KDA_DHU_CHECK_INPUTS=1).
 Variants are separated by commas or spaces. A switch a variant does not set is unset for it.
 
 Each shape (rows of kda_dhu._measure.SHAPES plus EXTRA below) runs the kernel directly
@@ -43,7 +43,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-DEFAULT_SWITCH = "KDA_DHU_SM90_VARIANT"
+DEFAULT_SWITCH = "KDA_DHU_SM90_NWG"
 EXTRA = [
     # name, B, T, H, HV, K, V, gate, varlen
     ("b16_t4096_h32", 16, 4096, 32, 32, 128, 128, "gk", None),

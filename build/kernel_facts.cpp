@@ -29,12 +29,6 @@ int main() {
   std::printf("pub const SEQ_EXTENT_BYTES: u32 = %d;\n", SEQ_EXTENT_BYTES);
   std::printf("pub const SMEM_OPTIN_MAX_SM90: u32 = %d;\n", sm90::SMEM_OPTIN_MAX);
   std::printf("pub const SM90: [Layout; 4] = [\n");
-  row<64, 1, sm90::SmemMap<64, 1>>(sm90::num_threads<1>());
-  row<128, 1, sm90::SmemMap<128, 1>>(sm90::num_threads<1>());
-  row<64, 2, sm90::SmemMap<64, 2>>(sm90::num_threads<2>());
-  row<128, 2, sm90::SmemMap<128, 2>>(sm90::num_threads<2>());
-  std::printf("];\n");
-  std::printf("pub const SM90_REGSTATE: [Layout; 4] = [\n");
   row<64, 1, sm90_regstate::SmemMap<64, 1>>(sm90_regstate::num_threads<1>());
   row<128, 1, sm90_regstate::SmemMap<128, 1>>(sm90_regstate::num_threads<1>());
   row<64, 2, sm90_regstate::SmemMap<64, 2>>(sm90_regstate::num_threads<2>());

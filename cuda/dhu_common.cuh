@@ -1,4 +1,4 @@
-// Device helpers shared by the stage-4 kernels (dhu_sm90.cu, dhu_sm100.cu): exp2 as
+// Device helpers shared by the stage-4 kernels (dhu_sm90_regstate.cuh, dhu_sm100.cu): exp2 as
 // fla computes it, the accumulator fragment geometry both kernels' epilogues use,
 // shared-memory access by address, 16-bit packing, synchronization wrappers that
 // also order the compiler, and a CTA's sequence extent (packed batches checked on the

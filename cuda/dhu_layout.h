@@ -21,47 +21,15 @@ namespace sm90 {
 
 // The opt-in maximum of dynamic shared memory per block on sm_90 (227 KB).
 constexpr int SMEM_OPTIN_MAX = 227 * 1024;
-constexpr int DV2_BUFS = 2;
 // Depth of the TMA ring: 3 stages (two chunks of loads in flight while one is consumed)
-// where shared memory allows, else 2. K = 128 with one warpgroup fits the 227 KB opt-in
-// maximum only without the alignment slack (528 bytes to spare: see SmemMap::SLACK); K = 64
-// with one warpgroup keeps 2 stages so that two CTAs share an SM; K = 128 with two
-// warpgroups has no room.
+// where shared memory allows, else 2: K = 64 with one warpgroup keeps 2 stages so that two
+// CTAs share an SM; K = 128 with two warpgroups has no room for a third.
 template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG == 1) ? 3 : 2; }
 // NWG = 1: 4 consumer warps + 1 producer warp. NWG = 2: the producer is a whole warpgroup
 // (one warp works, three leave) so that setmaxnreg can move its registers to the
 // consumers: ptxas budgets a block in units of 4 warps, and 2 x 128 consumers need more
 // than 65536 / 384 registers each.
 template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 32 : (NWG + 1) * WG_THREADS; }
-
-// The default kernel's shared memory (cuda/dhu_sm90.cu), in bytes from a 1024-aligned base.
-template <int K, int NWG>
-struct SmemMap {
-  static constexpr int STAGES = num_stages<K, NWG>();
-  static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
-  static constexpr int VTILE = BT * BV * 2;        // one warpgroup's tile of do, dv, dv2
-  static constexpr int K_OFF = 0;
-  static constexpr int Q_OFF = K_OFF + KTILE;
-  static constexpr int W_OFF = Q_OFF + KTILE;
-  static constexpr int DO_OFF = W_OFF + KTILE;     // NWG tiles
-  static constexpr int DV_OFF = DO_OFF + NWG * VTILE;
-  static constexpr int STAGE = DV_OFF + NWG * VTILE;
-  static constexpr int BH_OFF = STAGES * STAGE;    // one sBh per warpgroup
-  static constexpr int BH = K * BV * 2;
-  static constexpr int DV2_OFF = BH_OFF + NWG * BH;  // DV2_BUFS per warpgroup
-  static constexpr int GK_OFF = DV2_OFF + NWG * DV2_BUFS * VTILE;
-  static constexpr int G_OFF = GK_OFF + STAGES * K * 4;
-  static constexpr int G_LEN = 80;                 // 64 g values + g[e-1], padded
-  static constexpr int BAR_OFF = G_OFF + STAGES * G_LEN * 4;
-  static constexpr int EXT_OFF = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
-  static constexpr int BYTES = EXT_OFF + SEQ_EXTENT_BYTES;  // the CTA's sequence extent
-  // The host asks for BYTES + SLACK: 1024 to align the base up to 1024 where that fits,
-  // else none, and then the kernel requires the base to be 1024-aligned (as CUTLASS's
-  // kernels do; with no static shared memory it is, after the 1 KB the system reserves).
-  static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
-  static constexpr int DYNAMIC_BYTES = BYTES + SLACK;  // what the launch asks for
-  static_assert(DYNAMIC_BYTES <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
-};
 
 }  // namespace sm90
 
@@ -80,7 +48,7 @@ constexpr int G_DECAY = 128;
 constexpr int G_LEN = 136;
 
 // The register-state kernel's shared memory (cuda/dhu_sm90_regstate.cuh), in bytes from
-// a 1024-aligned base: the default kernel's ring; per warpgroup one dh and one dv2 staging
+// a 1024-aligned base: the TMA ring; per warpgroup one dh and one dv2 staging
 // tile; per stage the exp2(gk) row and the g gate vectors.
 template <int K, int NWG>
 struct SmemMap {
@@ -102,7 +70,7 @@ struct SmemMap {
   static constexpr int EXT_OFF = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
   static constexpr int BYTES = EXT_OFF + SEQ_EXTENT_BYTES;
   // 1024 to align the base up where that fits, else none (the kernel then requires an
-  // aligned base, as the default kernel's K = 128 one-warpgroup map does).
+  // aligned base: K = 128 with one warpgroup).
   static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
   static constexpr int DYNAMIC_BYTES = BYTES + SLACK;
   static_assert(STAGE % 1024 == 0 && BH % 1024 == 0 && VTILE % 1024 == 0, "sw128 tiles need 1024-byte bases");

@@ -1,11 +1,10 @@
 // Stage 4 of fla's chunked gated delta rule backward on Hopper (sm_90a), with the state
 // held transposed in registers: both products of the serial chain take their A operand
 // from registers (wgmma's register-A form), so nothing on the chain waits on shared
-// memory, a proxy fence or a named barrier. Same calls, grid and threads as dhu_sm90.cu's
-// kernel (the planner picks it under KDA_DHU_SM90_VARIANT=regstate).
+// memory, a proxy fence or a named barrier. Its entry points are in dhu_sm90.cu.
 //
-// What a consumer warpgroup owns: (sequence n, value head hv, V tile of BV = 64 columns),
-// as in dhu_sm90.cu; it walks the sequence's chunks of BT = 64 tokens newest first. A CTA
+// What a consumer warpgroup owns: (sequence n, value head hv, V tile of BV = 64 columns);
+// it walks the sequence's chunks of BT = 64 tokens newest first. A CTA
 // holds NWG = 1 or 2 of them (NWG = 2: the two V tiles of 128 columns share the stage's
 // k, q, w loads, two independent chains per SM). The state gradient is kept as
 // b^T [BV, K] in fp32 registers: M = BV = 64 rows (wgmma's M), N = K columns. Per chunk
@@ -21,7 +20,9 @@
 //   gate(t) = exp2(g[e-1] - g[t]) with the scalar gate g, else 1 (per column t of DV^T);
 //   decay(k) = exp2(gk[e-1, k]) with gk (per column k of b^T), exp2(g[e-1]) with g, else 1;
 //   with g, do's rows are weighted by exp2(g[t]) in shared memory and rounded to q.dtype
-//   before QD (q^T diag(e) do == (diag(e) do)^T q), as dhu_sm90.cu does.
+//   before QD (q^T diag(e) do == (diag(e) do)^T q): do is the smaller operand. (fla keeps
+//   q[t] * exp2(g[t]) in fp32 for a TF32 dot; measured within SPEC.md's bar on the H200:
+//   tests/gpu/test_gpu_kernel.py, gate "g".)
 //
 // fla's rounding points are kept: b is rounded to q.dtype before k.b (DV's A fragment),
 // dv2 is rounded before w^T.dv2 (WD's A fragment), and scale multiplies the fp32 QD
@@ -45,7 +46,7 @@
 // serializes every wgmma of the kernel otherwise (C7514/C7518). Pipeline and buffer reuse:
 // docs/dhu_sm90_regstate_pipeline.md.
 //
-// Warp roles (as dhu_sm90.cu: NWG = 1: 160 threads; NWG = 2: 384, the producer a whole
+// Warp roles (NWG = 1: 160 threads; NWG = 2: 384, the producer a whole
 // warpgroup so that setmaxnreg can hand its registers to the consumers):
 //   warpgroup wg < NWG  consumers of V tile wg: all wgmma, the fp32 recurrence, the
 //                       epilogues, TMA stores (issued by the warpgroup's thread 0)
@@ -474,7 +475,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint32_t ab[NA];    // bf16(b^T): DV's A fragment, and the dh checkpoint
   uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment, and the dv2 tile
 
-  // (sequence, value head) for dht / dh0 (blockIdx.z afresh, as dhu_sm90.cu).
+  // (sequence, value head) for dht / dh0 (blockIdx.z afresh: see ctaid_z).
   const int64_t nh = int64_t(ctaid_z()) * p.HV + hv;
   // Element (v, k) of this warpgroup's slice of dht / dh0: [K, V], or [V, K] with SVF.
   auto state_at = [&](int v, int k) -> int64_t {

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::plan::{Arch, Plan};
 
 /// The switches a call's decision reads (`KDA_DHU_FORCE`, `KDA_DHU_CHECK_INPUTS`), read
-/// once per call; the planner's own switches (SM90_NWG, SM90_VARIANT) are read by the plan.
+/// once per call; the planner's own switch (SM90_NWG) is read by the plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Switches {
     pub force: Option<Force>,
@@ -167,19 +167,11 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{KernelConfig, Sm90Variant};
+    use crate::plan::KernelConfig;
     use crate::tensor::DType;
 
     fn kernel(arch: Arch) -> Plan {
-        let config = KernelConfig {
-            k: 128,
-            dtype: DType::BF16,
-            flags: 0,
-            grid: [2, 32, 8],
-            nwg: 1,
-            svf: false,
-            variant: Sm90Variant::Smem,
-        };
+        let config = KernelConfig { k: 128, dtype: DType::BF16, flags: 0, grid: [2, 32, 8], nwg: 1, svf: false };
         Plan::Kernel { arch, config }
     }
 

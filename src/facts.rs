@@ -5,7 +5,7 @@
 //! - `BT` (tokens per chunk, fla's BT), `LOG2_BT`, `BV` (V columns per consumer
 //!   warpgroup on sm_90a, per CTA on sm_100a), `WG_THREADS`, `SEQ_EXTENT_BYTES`,
 //!   `SMEM_OPTIN_MAX_SM90` (the 227 KB opt-in maximum of dynamic shared memory);
-//! - `SM90`, `SM90_REGSTATE`, `SM100`: one [`Layout`] per head dim K and consumer
+//! - `SM90`, `SM100`: one [`Layout`] per head dim K and consumer
 //!   warpgroup count of each kernel family (TMA ring stages, threads per CTA, the dynamic
 //!   shared memory its launch asks for: the map's bytes plus the alignment slack).
 //!
@@ -51,7 +51,7 @@ mod tests {
 
     #[test]
     fn every_kernel_shape_has_one_layout_within_the_opt_in_maximum() {
-        for table in [&SM90[..], &SM90_REGSTATE[..], &SM100[..]] {
+        for table in [&SM90[..], &SM100[..]] {
             for l in table {
                 assert_eq!(layout(table, l.k, l.nwg), Some(l));
                 assert!(l.smem_bytes <= SMEM_OPTIN_MAX_SM90, "{l:?}");

@@ -23,7 +23,7 @@ use crate::env;
 use crate::error::{Error, Result};
 use crate::facts;
 use crate::kernels;
-use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, Sm90Variant, MAX_SLOTS};
+use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, MAX_SLOTS};
 use crate::tensor::TensorMeta;
 use crate::tma::{tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
@@ -38,10 +38,9 @@ use std::sync::OnceLock;
 /// bytes plus the alignment slack, as cuda/dhu_layout.h (their one owner) defines them,
 /// through `crate::facts`.
 pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
-    let table: &[facts::Layout] = match (arch, config.variant) {
-        (Arch::Sm90, Sm90Variant::Smem) => &facts::SM90,
-        (Arch::Sm90, Sm90Variant::RegState) => &facts::SM90_REGSTATE,
-        (Arch::Sm100, _) => &facts::SM100,
+    let table: &[facts::Layout] = match arch {
+        Arch::Sm90 => &facts::SM90,
+        Arch::Sm100 => &facts::SM100,
     };
     facts::layout(table, config.k, config.nwg)
         .unwrap_or_else(|| panic!("no entry point of {arch:?} has K = {} with {} warpgroups", config.k, config.nwg))
@@ -849,7 +848,6 @@ mod tests {
             grid: [2, 8, 2],
             nwg: 1,
             svf: false,
-            variant: Sm90Variant::Smem,
         };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
@@ -879,7 +877,6 @@ mod tests {
             grid: [1, 4, 3],
             nwg: 1,
             svf: false,
-            variant: Sm90Variant::Smem,
         };
         let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
         assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t, p.n), (0x40, 0, 17, 1000, 3));
@@ -1089,11 +1086,9 @@ mod tests {
             }
         }
         // The ring is 3 stages deep where shared memory allows (K = 128 with one warpgroup,
-        // K = 64 with two), else 2, in both sm_90a kernels.
-        for table in [&facts::SM90, &facts::SM90_REGSTATE] {
-            let stages: Vec<_> = table.iter().map(|l| (l.k, l.nwg, l.stages)).collect();
-            assert_eq!(stages, [(64, 1, 2), (128, 1, 3), (64, 2, 3), (128, 2, 2)]);
-        }
+        // K = 64 with two), else 2.
+        let stages: Vec<_> = facts::SM90.iter().map(|l| (l.k, l.nwg, l.stages)).collect();
+        assert_eq!(stages, [(64, 1, 2), (128, 1, 3), (64, 2, 3), (128, 2, 2)]);
     }
 
     /// Driver answers for `load_kernels`: what cuModuleLoadData returns, which entry point
@@ -1186,7 +1181,7 @@ mod tests {
             assert!(e.to_string().starts_with("cuModuleLoadData(dhu_sm90 sm_90a, CUDA 12 image) on cuda:1 failed: "));
         }
         let api = FakeModules {
-            function: Some(("kda_dhu_sm90_k64_bf16", CUresult::CUDA_ERROR_INVALID_HANDLE)),
+            function: Some(("kda_dhu_sm90_rs_k64_bf16", CUresult::CUDA_ERROR_INVALID_HANDLE)),
             ..FakeModules::ok()
         };
         let e = load_with(&api, &H200_TARGET).err().unwrap();
@@ -1199,21 +1194,21 @@ mod tests {
     #[test]
     fn a_missing_entry_point_or_too_little_shared_memory_makes_the_device_unavailable() {
         let api = FakeModules {
-            function: Some(("kda_dhu_sm90_k128_fp16_wg2_svf", CUresult::CUDA_ERROR_NOT_FOUND)),
+            function: Some(("kda_dhu_sm90_rs_k128_fp16_wg2_svf", CUresult::CUDA_ERROR_NOT_FOUND)),
             ..FakeModules::ok()
         };
         let e = load_with(&api, &H200_TARGET).err().unwrap();
         assert_eq!(
             e.to_string(),
             "kernel unavailable on cuda:1: sm_90 with CUDA driver 12.2: dhu_sm90 sm_90a, CUDA 12 image has no entry \
-             point kda_dhu_sm90_k128_fp16_wg2_svf; an image built from this release's cuda/ sources"
+             point kda_dhu_sm90_rs_k128_fp16_wg2_svf; an image built from this release's cuda/ sources"
         );
-        let small = Target { max_smem_optin: 101376, ..H200_TARGET };
+        let small = Target { max_smem_optin: 99_000, ..H200_TARGET };
         let e = load_with(&FakeModules::ok(), &small).err().unwrap();
         let msg = e.to_string();
         assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
         let want = format!(
-            "kda_dhu_sm90_k64_bf16 needs {} bytes of shared memory per block, this GPU allows 101376",
+            "kda_dhu_sm90_rs_k64_bf16 needs {} bytes of shared memory per block, this GPU allows 99000",
             smem_bytes(Arch::Sm90, &KernelConfig::all(Arch::Sm90)[0])
         );
         assert!(msg.contains(&want), "{msg}");

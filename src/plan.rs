@@ -48,9 +48,7 @@ pub struct PolicyClause {
 /// register-state kernel measured faster than fla on every row of the benchmark, the
 /// grids below one wave included (b1_t65536_h32 1.24x, b1_t65536_h16 1.22x,
 /// gva_b1_t11264_h16_hv32 1.19x, b8_t1096_h4_tail 1.12x; fla re-tuned for each row, same
-/// run): benches/results/2026-12-02-NVIDIA_H200-variants-3e142d3.json. The two clauses
-/// that sent half a wave of long sequences and GVA below one wave to fla were the default
-/// (shared-memory-state) kernel's measurements.
+/// run): benches/results/2026-12-02-NVIDIA_H200-variants-3e142d3.json.
 pub const POLICY: [PolicyClause; 0] = [];
 
 /// Each clause of `POLICY` with what it means on `dev`: whether it was measured on a GPU of
@@ -181,19 +179,6 @@ impl DeviceInfo {
     }
 }
 
-/// Which of the sm_90a image's two kernels runs a call. Both compute every call the
-/// planner sends to sm_90a (K 64 / 128, bf16 / fp16, g / gk / no gate, GVA, tails,
-/// packed batches, optional dht / h0, state_v_first, one or two warpgroups).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sm90Variant {
-    /// cuda/dhu_sm90.cu's `dhu_kernel`: the state [K, 64] in registers, bf16(b) and dv2
-    /// through shared memory as the B operands of DV and WD (`KDA_DHU_SM90_VARIANT=smem`).
-    Smem,
-    /// cuda/dhu_sm90_regstate.cuh: the state held transposed, [64, K], both chain
-    /// products with A from registers (the default).
-    RegState,
-}
-
 /// Which compiled kernel runs and with which flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelConfig {
@@ -210,30 +195,12 @@ pub struct KernelConfig {
     pub nwg: u32,
     /// state_v_first (sm_90a): dh, dht, h0, dh0 are [.., V, K].
     pub svf: bool,
-    /// The sm_90a kernel (Smem on sm_100a, which has one).
-    pub variant: Sm90Variant,
 }
 
-/// The sm_90a image's entry points in slot order: k64/k128 x bf16/fp16, then the same
-/// with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`); then the
-/// same sixteen of the register-state variant (`_rs`).
-const SM90_ENTRIES: [&str; 32] = [
-    "kda_dhu_sm90_k64_bf16",
-    "kda_dhu_sm90_k64_fp16",
-    "kda_dhu_sm90_k128_bf16",
-    "kda_dhu_sm90_k128_fp16",
-    "kda_dhu_sm90_k64_bf16_wg2",
-    "kda_dhu_sm90_k64_fp16_wg2",
-    "kda_dhu_sm90_k128_bf16_wg2",
-    "kda_dhu_sm90_k128_fp16_wg2",
-    "kda_dhu_sm90_k64_bf16_svf",
-    "kda_dhu_sm90_k64_fp16_svf",
-    "kda_dhu_sm90_k128_bf16_svf",
-    "kda_dhu_sm90_k128_fp16_svf",
-    "kda_dhu_sm90_k64_bf16_wg2_svf",
-    "kda_dhu_sm90_k64_fp16_wg2_svf",
-    "kda_dhu_sm90_k128_bf16_wg2_svf",
-    "kda_dhu_sm90_k128_fp16_wg2_svf",
+/// The sm_90a image's entry points (cuda/dhu_sm90.cu; the kernel, the state held in
+/// registers, is cuda/dhu_sm90_regstate.cuh) in slot order: k64/k128 x bf16/fp16, then the
+/// same with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`).
+const SM90_ENTRIES: [&str; 16] = [
     "kda_dhu_sm90_rs_k64_bf16",
     "kda_dhu_sm90_rs_k64_fp16",
     "kda_dhu_sm90_rs_k128_bf16",
@@ -258,43 +225,35 @@ const SM100_ENTRIES: [&str; 4] =
 pub const MAX_SLOTS: usize = SM90_ENTRIES.len();
 
 impl KernelConfig {
-    /// The kernel's extern "C" name, e.g. `kda_dhu_sm90_k128_bf16`.
+    /// The kernel's extern "C" name, e.g. `kda_dhu_sm90_rs_k128_bf16`.
     pub fn entry_point(&self, arch: Arch) -> &'static str {
         match arch {
             Arch::Sm90 => SM90_ENTRIES[self.slot()],
-            // one kernel shape: the planner never sends nwg 2, state_v_first or the
-            // register-state variant there
+            // one kernel shape: the planner never sends nwg 2 or state_v_first there
             Arch::Sm100 => SM100_ENTRIES[self.slot() % SM100_ENTRIES.len()],
         }
     }
 
     /// Every kernel `arch`'s image holds, in slot order (the table launch.rs loads).
     pub fn all(arch: Arch) -> Vec<KernelConfig> {
-        let (kernels, shapes): (&[Sm90Variant], &[(bool, u32)]) = if arch == Arch::Sm90 {
-            (&[Sm90Variant::Smem, Sm90Variant::RegState], &[(false, 1), (false, 2), (true, 1), (true, 2)])
-        } else {
-            (&[Sm90Variant::Smem], &[(false, 1)])
-        };
+        let shapes: &[(bool, u32)] =
+            if arch == Arch::Sm90 { &[(false, 1), (false, 2), (true, 1), (true, 2)] } else { &[(false, 1)] };
         let mut configs = Vec::new();
-        for &variant in kernels {
-            for &(svf, nwg) in shapes {
-                for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                    configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf, variant });
-                }
+        for &(svf, nwg) in shapes {
+            for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
+                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf });
             }
         }
         configs
     }
 
     /// Index into a per-arch table of the entry points (k64/k128 × bf16/fp16, then the
-    /// same four with two warpgroups, then those eight with state_v_first; then the
-    /// register-state variant's sixteen in the same order).
+    /// same four with two warpgroups, then those eight with state_v_first).
     pub fn slot(&self) -> usize {
         (if self.k == 64 { 0 } else { 2 })
             + usize::from(self.dtype != DType::BF16)
             + if self.nwg == 2 { 4 } else { 0 }
             + if self.svf { 8 } else { 0 }
-            + if self.variant == Sm90Variant::RegState { 16 } else { 0 }
     }
 
     /// Threads per CTA.
@@ -475,21 +434,7 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
             grid: [(d.v / (BV * i64::from(nwg))) as u32, d.hv as u32, d.n as u32],
             nwg,
             svf: desc.state_v_first,
-            variant: sm90_variant(arch, crate::env::sm90_smem()),
         },
-    }
-}
-
-/// The sm_90a kernel for a call the planner sends to `arch`: the register-state kernel,
-/// unless `smem` (`KDA_DHU_SM90_VARIANT=smem`) asks for the shared-memory-state kernel
-/// (both compute every call the planner sends to sm_90a, with the same grid and threads).
-/// The register-state kernel measured at least as fast on every benchmark row (1.0-1.7x;
-/// benches/results/2026-12-02-NVIDIA_H200-variants-3e142d3.json). sm_100a has one kernel.
-pub fn sm90_variant(arch: Arch, smem: bool) -> Sm90Variant {
-    if arch == Arch::Sm90 && !smem {
-        Sm90Variant::RegState
-    } else {
-        Sm90Variant::Smem
     }
 }
 
@@ -796,10 +741,7 @@ mod tests {
     }
 
     #[test]
-    fn register_state_kernel_by_default_and_only_on_sm90() {
-        assert_eq!(sm90_variant(Arch::Sm90, false), Sm90Variant::RegState);
-        assert_eq!(sm90_variant(Arch::Sm90, true), Sm90Variant::Smem);
-        assert_eq!(sm90_variant(Arch::Sm100, false), Sm90Variant::Smem, "sm_100a has one kernel");
+    fn every_kernel_plan_names_an_entry_point_of_its_image() {
         let image = KernelConfig::all(Arch::Sm90);
         let mut kernels = 0;
         for (what, mutate, _, _) in clauses() {
@@ -809,26 +751,21 @@ mod tests {
                         let mut d = base();
                         mutate(&mut d);
                         let Plan::Kernel { arch, config } = plan(&d, &dev, rule) else { continue };
-                        // No switch (the test environment): the register-state kernel on sm_90a.
-                        let want = if arch == Arch::Sm90 { Sm90Variant::RegState } else { Sm90Variant::Smem };
-                        assert_eq!(config.variant, want, "{what} {rule:?}");
-                        // The same call on each warpgroup count: the register-state kernel of
-                        // the image (same grid, threads, flags), on sm_90a only.
+                        if arch == Arch::Sm100 {
+                            assert!(config.entry_point(arch).starts_with("kda_dhu_sm100_"), "{what}");
+                            continue;
+                        }
+                        // The same call on each warpgroup count: an entry point of the image
+                        // (same flags), its threads those of its warpgroups.
                         let n = warpgroups(&d, &dev, arch, nwg);
                         let cfg = KernelConfig {
                             nwg: n,
                             grid: [(d.dims.v / (BV * i64::from(n))) as u32, config.grid[1], config.grid[2]],
-                            variant: sm90_variant(arch, false),
                             ..config
                         };
-                        if arch == Arch::Sm100 {
-                            assert_eq!(cfg.variant, Sm90Variant::Smem);
-                            continue;
-                        }
                         kernels += 1;
                         let name = cfg.entry_point(arch);
-                        let default = KernelConfig { variant: Sm90Variant::Smem, ..cfg }.entry_point(arch);
-                        assert_eq!(name, default.replace("kda_dhu_sm90_", "kda_dhu_sm90_rs_"), "{what}");
+                        assert!(name.starts_with("kda_dhu_sm90_rs_"), "{what}: {name}");
                         assert_eq!(image[cfg.slot()].entry_point(arch), name);
                         assert_eq!(cfg.block_threads(arch), arch.block_threads_for(n));
                     }
@@ -854,7 +791,7 @@ mod tests {
         let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
         assert_eq!((config.grid, config.nwg, config.block_threads(arch)), ([1, 32, 8], 2, BLOCK_THREADS_SM90_WG2));
         assert_eq!(config.entry_point(arch), "kda_dhu_sm90_rs_k128_bf16_wg2");
-        assert_eq!(config.slot(), 16 + 6);
+        assert_eq!(config.slot(), 6);
         // V = 64 (or any V not a multiple of 128) keeps one; the override applies where V allows.
         let mut d = base();
         d.dims.b = 64;
@@ -1077,15 +1014,7 @@ mod tests {
 
     #[test]
     fn entry_points_and_slots() {
-        let mut c = KernelConfig {
-            k: 64,
-            dtype: DType::BF16,
-            flags: 0,
-            grid: [1, 1, 1],
-            nwg: 1,
-            svf: false,
-            variant: Sm90Variant::Smem,
-        };
+        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false };
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {
@@ -1097,10 +1026,10 @@ mod tests {
         assert_eq!(
             seen,
             vec![
-                (0, "kda_dhu_sm90_k64_bf16"),
-                (1, "kda_dhu_sm90_k64_fp16"),
-                (2, "kda_dhu_sm90_k128_bf16"),
-                (3, "kda_dhu_sm90_k128_fp16")
+                (0, "kda_dhu_sm90_rs_k64_bf16"),
+                (1, "kda_dhu_sm90_rs_k64_fp16"),
+                (2, "kda_dhu_sm90_rs_k128_bf16"),
+                (3, "kda_dhu_sm90_rs_k128_fp16")
             ]
         );
         c.nwg = 2;
@@ -1115,10 +1044,10 @@ mod tests {
         assert_eq!(
             wg2,
             vec![
-                (4, "kda_dhu_sm90_k64_bf16_wg2"),
-                (5, "kda_dhu_sm90_k64_fp16_wg2"),
-                (6, "kda_dhu_sm90_k128_bf16_wg2"),
-                (7, "kda_dhu_sm90_k128_fp16_wg2")
+                (4, "kda_dhu_sm90_rs_k64_bf16_wg2"),
+                (5, "kda_dhu_sm90_rs_k64_fp16_wg2"),
+                (6, "kda_dhu_sm90_rs_k128_bf16_wg2"),
+                (7, "kda_dhu_sm90_rs_k128_fp16_wg2")
             ]
         );
         c.svf = true;
@@ -1129,28 +1058,13 @@ mod tests {
             {
                 c.k = k;
                 c.dtype = dt;
-                let name = format!("kda_dhu_sm90_k{k}_{}{suffix}", if dt == DType::BF16 { "bf16" } else { "fp16" });
+                let name = format!("kda_dhu_sm90_rs_k{k}_{}{suffix}", if dt == DType::BF16 { "bf16" } else { "fp16" });
                 assert_eq!((c.slot(), c.entry_point(Arch::Sm90)), (first + i, name.as_str()));
             }
         }
-        // The register-state variant: the same sixteen, 16 slots on, `_rs` names.
-        c.variant = Sm90Variant::RegState;
-        for (nwg, svf, suffix) in [(1u32, false, ""), (2, false, "_wg2"), (1, true, "_svf"), (2, true, "_wg2_svf")] {
-            c.nwg = nwg;
-            c.svf = svf;
-            for (k, dt) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                c.k = k;
-                c.dtype = dt;
-                let name = format!("kda_dhu_sm90_rs_k{k}_{}{suffix}", if dt == DType::BF16 { "bf16" } else { "fp16" });
-                let plain = KernelConfig { variant: Sm90Variant::Smem, ..c };
-                assert_eq!((c.slot(), c.entry_point(Arch::Sm90)), (plain.slot() + 16, name.as_str()));
-            }
-        }
-        c.variant = Sm90Variant::Smem;
         let all = KernelConfig::all(Arch::Sm90);
         assert_eq!(all.len(), MAX_SLOTS);
         assert!(all.iter().enumerate().all(|(i, c)| c.slot() == i));
-        assert_eq!(all.iter().filter(|c| c.variant == Sm90Variant::RegState).count(), 16);
         c.svf = false;
         c.nwg = 1;
         let mut seen = Vec::new();

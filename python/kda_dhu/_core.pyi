@@ -255,7 +255,7 @@ BV: int
 
 def kernel_facts() -> dict[str, object]:
     """The kernels' numbers, from cuda/dhu_layout.h (their one owner): BT, BV, WG_THREADS,
-    SMEM_OPTIN_MAX_SM90, and per kernel family ("sm90", "sm90_regstate", "sm100") a list of
+    SMEM_OPTIN_MAX_SM90, and per kernel family ("sm90", "sm100") a list of
     {"k", "nwg", "stages", "threads", "smem_bytes"} (dynamic shared memory of a launch)."""
 
 def force() -> str | None:

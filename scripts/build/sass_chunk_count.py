@@ -10,7 +10,7 @@ The loop's inner loops (the g path's do-row weighting) are unrolled into one tri
 the static count is the count issued per chunk. For the register-state kernel it also
 splits the loop at its wgmma issues and waits (the chain's segments).
 
-    python3 scripts/build/sass_chunk_count.py [--entries rs_k128_bf16,k128_bf16,...]
+    python3 scripts/build/sass_chunk_count.py [--entries rs_k128_bf16,rs_k64_bf16,...]
 
 nvcc and the CUTLASS headers as build.rs finds them ($NVCC / the nvidia-cuda-nvcc wheel,
 $CUTLASS_DIR / the nvidia-cutlass wheel); nvdisasm from $NVDISASM, else on PATH or next to nvcc (the wheels ship none: /work/tools/nvidia/cu13/bin here).
@@ -119,7 +119,7 @@ def segments(body):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--entries", default="rs_k128_bf16,k128_bf16,rs_k64_bf16,k64_bf16")
+    ap.add_argument("--entries", default="rs_k128_bf16,rs_k64_bf16")
     args = ap.parse_args(argv)
     nvcc, cut, nvdisasm = toolchain()
     entries = [f"kda_dhu_sm90_{e}" for e in args.entries.split(",")]
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "cuda")
         shutil.copytree(os.path.join(REPO, "cuda"), src)
-        for path in ("dhu_sm90.cu", "dhu_sm90_regstate.cuh"):
+        for path in ("dhu_sm90_regstate.cuh",):
             p = os.path.join(src, path)
             with open(p) as f:
                 text = f.read()
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                 body = chunk_loop(ins, labels)
                 lead = leader_only(body, labels)
                 h = sum("HGMMA" in t for _, t in body)
-                seg = segments(body) if "_rs_" in name else None
+                seg = segments(body)
                 seg_s = ", ".join(f"{k} {v}" for k, v in seg.items()) if seg else ""
                 print(
                     f"| {name} | {cfg} | {len(body) - len(lead)} | {len(body)} | {h} | {seg_s} |", flush=True

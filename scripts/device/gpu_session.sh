@@ -26,8 +26,8 @@
 #   e2e       benches/e2e.py (E2E_ARGS)                       -> e2e-latest.json
 #   bench     python benches/bench.py (BENCH_ARGS, default --all; BENCH_SHAPES=a,b for a subset)
 #                                                             -> bench-latest.json
-#   ab        benches/variants.py: AB_VARIANTS (default "smem regstate"), the switch AB_SWITCH
-#             (default KDA_DHU_SM90_VARIANT), AB_SHAPES (a default subset), AB_ARGS -> variants.json
+#   ab        benches/variants.py: AB_VARIANTS (default "1 2": warpgroups per CTA), the switch AB_SWITCH
+#             (default KDA_DHU_SM90_NWG), AB_SHAPES (a default subset), AB_ARGS -> variants.json
 # main, host, e2e, bench and ab run one after another, alone on the GPU.
 #
 # Time: SESSION_BUDGET seconds (default 540) from this script's start, RESERVE_S (25) of it kept
@@ -306,9 +306,9 @@ stage_bench() {
 stage_ab() {
   local shapes=${AB_SHAPES:-b8_t4096_h32,b4_t8192_h16,b1_t65536_h32,b8_t1096_h4_tail,varlen_t65536_h32_avg1k,k64_b8_t4096_h32,gdn_g_b8_t4096_h32}
   # shellcheck disable=SC2086
-  timed ab python3 benches/variants.py --variants "${AB_VARIANTS:-smem regstate}" \
-    --switch "${AB_SWITCH:-KDA_DHU_SM90_VARIANT}" --shapes "$shapes" --out "$RES/ab" ${AB_ARGS:-}
-  [ -f "$RES/ab/ab.log" ] && DETAIL[ab]="variants ${AB_VARIANTS:-smem regstate}; $(grep -c "ms (err" "$RES/ab/ab.log") row(s)"
+  timed ab python3 benches/variants.py --variants "${AB_VARIANTS:-1 2}" \
+    --switch "${AB_SWITCH:-KDA_DHU_SM90_NWG}" --shapes "$shapes" --out "$RES/ab" ${AB_ARGS:-}
+  [ -f "$RES/ab/ab.log" ] && DETAIL[ab]="variants ${AB_VARIANTS:-1 2}; $(grep -c "ms (err" "$RES/ab/ab.log") row(s)"
 }
 
 # ---------------------------------------------------------------------------- run

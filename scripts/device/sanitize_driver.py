@@ -4,9 +4,9 @@ A handful of small calls covering the kernel's code paths: the envelope (K 64 / 
 bf16), a dense tail, varlen with lengths [1, 63, 65, 7] (fla's chunk tables, int64 and
 int32), a padded packed batch, GVA, the g gate, no gate without states, one fp16 call,
 two warpgroups, state_v_first, inputs in strided, sliced, expanded and misaligned
-layouts (copied before the kernel reads them), on the shared-memory-state kernel
-(KDA_DHU_SM90_VARIANT=smem), and the register-state kernel (the default; ``rs_`` cases,
-KDA_DHU_SM90_VARIANT=regstate) over the same kinds of calls. Each case runs the
+layouts (copied before the kernel reads them), and more of the same kinds of calls on
+other shapes (the ``rs_`` cases: the dh / dv2 staging reuse, the do rows weighted in place
+with g, short chunks of packed batches). Each case runs the
 kernel twice: once
 directly with NaN-poisoned outputs (``kda_dhu.testing.run_kernel(args, poison=True)``),
 once through the public entry point with ``KDA_DHU_FORCE=kernel``, and checks both
@@ -102,40 +102,36 @@ CASES = [
                          g="slice_dim1", dht="slice_last", h0="permuted"),
         ),
     ),
-    # The register-state variant (KDA_DHU_SM90_VARIANT=regstate, "variant"): its own barriers
-    # (the dh / dv2 staging reuse, the do rows weighted in place with g), stmatrix /
-    # ldmatrix, the short chunk of a packed batch, two warpgroups, state_v_first.
-    ("rs_envelope_k64", dict(B=2, T=128, H=2, HV=2, K=64, V=64, gate="gk", variant="regstate")),
-    ("rs_envelope_k128", dict(B=2, T=192, H=2, HV=2, K=128, V=128, gate="gk", variant="regstate")),
+    # More shapes for the kernel's own barriers (the dh / dv2 staging reuse, the do rows
+    # weighted in place with g), stmatrix / ldmatrix, the short chunk of a packed batch, two
+    # warpgroups, state_v_first.
+    ("rs_envelope_k64", dict(B=2, T=128, H=2, HV=2, K=64, V=64, gate="gk")),
+    ("rs_envelope_k128", dict(B=2, T=192, H=2, HV=2, K=128, V=128, gate="gk")),
     (
         "rs_varlen_1_63_65_7_g",
-        dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="g", varlen_lengths=[1, 63, 65, 7], tables=torch.int64,
-             variant="regstate"),
+        dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="g", varlen_lengths=[1, 63, 65, 7], tables=torch.int64),
     ),
     (
         "rs_varlen_padded_none",
-        dict(B=1, T=256, H=2, HV=2, K=64, V=64, gate=None, varlen_lengths=[100, 30, 0, 70], tables=torch.int32,
-             variant="regstate"),
+        dict(B=1, T=256, H=2, HV=2, K=64, V=64, gate=None, varlen_lengths=[100, 30, 0, 70], tables=torch.int32),
     ),
-    ("rs_gva_tail_t130", dict(B=1, T=130, H=1, HV=4, K=128, V=64, gate="gk", variant="regstate")),
+    ("rs_gva_tail_t130", dict(B=1, T=130, H=1, HV=4, K=128, V=64, gate="gk")),
     (
         "rs_fp16_no_states",
-        dict(B=1, T=150, H=1, HV=1, K=128, V=64, gate=None, dht=False, h0=False, dtype=torch.float16,
-             variant="regstate"),
+        dict(B=1, T=150, H=1, HV=1, K=128, V=64, gate=None, dht=False, h0=False, dtype=torch.float16),
     ),
     (
         "rs_wg2_varlen_padded_g",
-        dict(B=1, T=256, H=2, HV=2, K=128, V=128, gate="g", varlen_lengths=[100, 30, 70], nwg=2, tables=torch.int32,
-             variant="regstate"),
+        dict(B=1, T=256, H=2, HV=2, K=128, V=128, gate="g", varlen_lengths=[100, 30, 70], nwg=2, tables=torch.int32),
     ),
     (
         "rs_svf_varlen_k128",
         dict(B=1, T=None, H=2, HV=2, K=128, V=64, gate="gk", state_v_first=True, varlen_lengths=[1, 63, 65, 7],
-             tables=torch.int64, variant="regstate"),
+             tables=torch.int64),
     ),
     (
         "rs_svf_wg2_tail_g_k64",
-        dict(B=2, T=100, H=2, HV=2, K=64, V=128, gate="g", state_v_first=True, nwg=2, variant="regstate"),
+        dict(B=2, T=100, H=2, HV=2, K=64, V=128, gate="g", state_v_first=True, nwg=2),
     ),
 ]  # fmt: skip
 
@@ -156,7 +152,6 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
         os.environ.pop("KDA_DHU_SM90_NWG", None)
     else:
         os.environ["KDA_DHU_SM90_NWG"] = str(nwg)
-    os.environ["KDA_DHU_SM90_VARIANT"] = spec.pop("variant", "smem")
     a = make_inputs(dtype=dtype, device="cuda", generator=gen, **spec)
     if tables is not None:
         cu = a["cu_seqlens"].to(tables)
@@ -312,9 +307,8 @@ def main(argv=None) -> int:
             if name in specs:
                 detail = run_case(name, specs[name], gen)
             else:
-                # the default kernel, whatever the cases before set
+                # the planner's own warpgroups, whatever the cases before set
                 os.environ.pop("KDA_DHU_SM90_NWG", None)
-                os.environ.pop("KDA_DHU_SM90_VARIANT", None)
                 good = good or good_batch(gen)
                 detail = run_bad_case(name[len("bad_") :], *good)
             print(f"case {name}: OK ({detail}; {time.time() - t:.1f} s)", flush=True)

@@ -1,11 +1,11 @@
-"""The register-state Hopper kernel (cuda/dhu_sm90_regstate.cuh) is in the installed
-extension and its switch is known (CPU-only checks).
+"""The Hopper kernel (cuda/dhu_sm90_regstate.cuh: the state held in registers) is in the
+installed extension (CPU-only checks).
 
 That each of its sixteen entry points is a function of the embedded sm_90a image is
-checked by the Rust test `kernels::tests::sm90_image_holds_the_four_sm90a_kernels` (it
-walks `KernelConfig::all`, which lists them); the planner's choice by
-`plan::tests::register_state_variant_only_when_switched_on_and_only_on_sm90`. The
-fragment geometry is checked on the CPU by scripts/build/layout_check_regstate.sh (below).
+checked by the Rust test `kernels::tests::sm90_images_hold_the_sm90a_kernels` (it
+walks `KernelConfig::all`, which lists them); the planner's plans by
+`plan::tests::every_kernel_plan_names_an_entry_point_of_its_image`. The fragment geometry
+is checked on the CPU by scripts/build/layout_check_regstate.sh (below).
 """
 
 import os
@@ -55,10 +55,11 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
             assert 200 <= regs <= 255, line
 
 
-def test_the_variant_switch_is_listed():
-    names = {name: meaning for name, meaning, _ in _core.switches()}
-    assert "KDA_DHU_SM90_VARIANT" in names
-    assert "regstate" in names["KDA_DHU_SM90_VARIANT"]
+def test_the_image_holds_only_these_sm90a_entry_points():
+    names = sorted(
+        m.group(1) for m in re.finditer(r" (kda_dhu_sm90_\w+): \d+ registers", _core.build_info())
+    )
+    assert set(names) == set(RS_ENTRY_POINTS), names
 
 
 def _toolchain() -> tuple[str | None, str]:
