@@ -20,6 +20,7 @@ pytestmark = pytest.mark.gpu
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+
 def _launched_kernels(fn) -> list:
     """Names of the CUDA kernels `fn` launches (CUPTI through torch.profiler: it sees
     kernels launched with the driver API, as kda-dhu's are)."""

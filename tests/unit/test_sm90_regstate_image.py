@@ -56,9 +56,7 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
 
 
 def test_the_image_holds_only_these_sm90a_entry_points():
-    names = sorted(
-        m.group(1) for m in re.finditer(r" (kda_dhu_sm90_\w+): \d+ registers", _core.build_info())
-    )
+    names = sorted(m.group(1) for m in re.finditer(r" (kda_dhu_sm90_\w+): \d+ registers", _core.build_info()))
     assert set(names) == set(RS_ENTRY_POINTS), names
 
 
