@@ -60,10 +60,11 @@ def test_apply_sets_and_unsets(ab, monkeypatch):
 
 
 def test_plan_lists_variants_and_shapes(ab, capsys):
-    assert ab.main(["--variants", "default,regstate", "--shapes", "b8_t4096_h32", "--plan"]) == 0
+    assert ab.main(["--variants", "default,2", "--shapes", "b8_t4096_h32", "--plan"]) == 0
     out = capsys.readouterr().out
-    assert "variant default: KDA_DHU_SM90_VARIANT=(unset)" in out
-    assert "variant regstate: KDA_DHU_SM90_VARIANT=regstate" in out
+    # the default switch: the warpgroups per CTA
+    assert "variant default: KDA_DHU_SM90_NWG=(unset)" in out
+    assert "variant 2: KDA_DHU_SM90_NWG=2" in out
     assert "shapes: b8_t4096_h32" in out
     with pytest.raises(SystemExit):
         ab.main(["--variants", "a", "--shapes", "no_such_shape", "--plan"])
