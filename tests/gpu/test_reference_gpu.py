@@ -89,3 +89,38 @@ def test_reference_models_fla_with_graph_chunk_tables(rng):
         ("dv2", out[2][:, :end], emu[2][:, :end]),
     ):
         assert R.rel_err(o, e) < 4e-3, (name, R.rel_err(o, e))
+
+
+def _fla_fwd_h():
+    mod = pytest.importorskip("fla.ops.common.chunk_delta_h")
+    return inspect.unwrap(mod.chunk_gated_delta_rule_fwd_h)
+
+
+def _fwd_inputs(stage4: dict) -> dict:
+    """fwd_h's arguments from a stage-4 case's tensors: k, w, the gates and the packing as
+    they are, u = dv, initial_state = dht (its [N, HV, K, V] / [.., V, K] shape)."""
+    return dict(
+        k=stage4["k"], w=stage4["w"], u=stage4["dv"], g=stage4["g"], gk=stage4["gk"],
+        initial_state=stage4["dht"], state_v_first=stage4["state_v_first"],
+        cu_seqlens=stage4["cu_seqlens"], chunk_size=stage4["chunk_size"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fwd_h_reference_models_fla_bf16(case, rng):
+    """chunk_gated_delta_rule_fwd_h_ref against fla's forward scan, as the stage-4
+    reference above (its rounding model: h cast to w.dtype before w @ h, the gated v cast
+    to k.dtype before k^T v). Not yet run on a GPU when written (2026-12-02)."""
+    R = importlib.import_module("kda_dhu.reference")
+    a = _fwd_inputs(make_inputs(**CASES[case], dtype=torch.bfloat16, device="cuda", generator=rng))
+    out = list(_fla_fwd_h()(**a, output_final_state=True, save_new_value=True))
+    cu = a["cu_seqlens"]
+    if cu is not None:  # fla leaves v_new's rows past cu_seqlens[-1] unwritten
+        out[1] = out[1].clone()
+        out[1][:, int(cu[-1]) :] = 0
+    emu = R.chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=True, emulate_rounding=True)
+    exact = R.chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=True, emulate_rounding=False)
+    for name, o, e in zip(("h", "v_new", "final_state"), out, emu):
+        assert R.rel_err(o, e) < 4e-3, (name, R.rel_err(o, e))
+        assert R.rel_err(o, e.to(o.dtype)) < 1e-3, (name, R.rel_err(o, e.to(o.dtype)))
+    assert R.rel_err(out[2], emu[2]) < 0.5 * R.rel_err(out[2], exact[2])
