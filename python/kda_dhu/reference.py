@@ -68,6 +68,19 @@ def _round_to(x: torch.Tensor, dtype: torch.dtype, enabled: bool) -> torch.Tenso
     return x.to(dtype).to(torch.float64)
 
 
+def _check_w_and_gates(w, g, gk, B, T, H, HV, K) -> None:
+    """The shapes both scans share: w [B, T, HV, K], H dividing HV, g [B, T, HV] and gk
+    [B, T, HV, K] when given (ValueError naming the argument)."""
+    if w.shape != (B, T, HV, K):
+        raise ValueError(f"w must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(w.shape)}")
+    if HV % H != 0:
+        raise ValueError(f"H ({H}) must divide HV ({HV})")
+    if g is not None and g.shape != (B, T, HV):
+        raise ValueError(f"g must be [B, T, HV] = {(B, T, HV)}, got {tuple(g.shape)}")
+    if gk is not None and gk.shape != (B, T, HV, K):
+        raise ValueError(f"gk must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(gk.shape)}")
+
+
 class _Sequences:
     """The sequences of a call as fla's kernels walk them: N sequences (B dense rows, or
     ``len(cu_seqlens) - 1`` packed ones in row 0), each with its batch row, first token,
@@ -212,14 +225,7 @@ def chunk_gated_delta_rule_bwd_dhu_ref(
     HV, V = do.shape[2], do.shape[3]
     if dv.shape != do.shape:
         raise ValueError(f"dv must match do {tuple(do.shape)}, got {tuple(dv.shape)}")
-    if w.shape != (B, T, HV, K):
-        raise ValueError(f"w must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(w.shape)}")
-    if HV % H != 0:
-        raise ValueError(f"H ({H}) must divide HV ({HV})")
-    if g is not None and g.shape != (B, T, HV):
-        raise ValueError(f"g must be [B, T, HV] = {(B, T, HV)}, got {tuple(g.shape)}")
-    if gk is not None and gk.shape != (B, T, HV, K):
-        raise ValueError(f"gk must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(gk.shape)}")
+    _check_w_and_gates(w, g, gk, B, T, H, HV, K)
     if scale is None:
         scale = K**-0.5
     scale = float(scale)
@@ -380,14 +386,7 @@ def chunk_gated_delta_rule_fwd_h_ref(
     if u.dim() != 4 or u.shape[:2] != (B, T):
         raise ValueError(f"u must be [B, T, HV, V], got {tuple(u.shape)}")
     HV, V = u.shape[2], u.shape[3]
-    if w.shape != (B, T, HV, K):
-        raise ValueError(f"w must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(w.shape)}")
-    if HV % H != 0:
-        raise ValueError(f"H ({H}) must divide HV ({HV})")
-    if g is not None and g.shape != (B, T, HV):
-        raise ValueError(f"g must be [B, T, HV] = {(B, T, HV)}, got {tuple(g.shape)}")
-    if gk is not None and gk.shape != (B, T, HV, K):
-        raise ValueError(f"gk must be [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(gk.shape)}")
+    _check_w_and_gates(w, g, gk, B, T, H, HV, K)
     device = k.device
     f64 = torch.float64
     seqs = _Sequences(B, T, BT, cu_seqlens, chunk_offsets, chunk_indices, device)
