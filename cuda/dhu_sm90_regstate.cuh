@@ -550,32 +550,221 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int rows0 = int(min(int64_t(BT), len - int64_t(NC - 1) * BT));
   const bool partial = varlen && rows0 < BT;
 
-  // Prologue: stage 0's QD, and DV's accumulator from dv without g.
-  {
+  // Stage 0 of a sequence whose newest chunk is short (packed batch) or with g: its do rows
+  // prepared, q's and w's rows past the end zeroed, ordered before the async proxy's reads.
+  auto prepare_first_stage = [&]() {
+    // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
+    // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
+    // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
+    // end, which are masked, as are dv's). q and w are shared: with two warpgroups
+    // each zeroes one. With g, do[t] *= exp2(g[t]).
+    prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
+    if (partial) {
+      for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
+        const int row = (j >> 3) % BT;
+        if (row >= rows0) {
+          const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
+          if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+          if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+        }
+      }
+    }
+    fence_proxy_async();
+    if (NWG > 1 && partial)
+      named_sync(CONSUMERS, ALL_CONSUMERS);
+    else
+      wg_sync();
+  };
+
+  // Chunk c's dh and dv2 tiles, staged in sBh and sDv2 (after the barrier that follows every
+  // thread's writes): TMA stores by the leader, committed; a short chunk of a packed batch
+  // stores its dv2 rows with plain stores.
+  auto store_chunk = [&](int64_t chunk, int c, bool part, int rows) {
+    if (leader) {
+      if constexpr (SVF) {
+        CUTE_UNROLL
+        for (int kb = 0; kb < KB; ++kb)  // [64 v][64 k] boxes of the [V, K] checkpoint
+          SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH + kb * 8192, kb * 64, v0, hv,
+                                  int(chunk));
+      } else {
+        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
+      }
+      if (!part)
+        // The batch row from ctaid_z(), uniform to ptxas: from ext.b_row (a per-thread
+        // value to ptxas) ptxas 13.0 moved it into the store's uniform register under a
+        // predicate that the dh store's uniformizing loop had just set to true, so the
+        // move never ran and dv2 went to a stale row (scripts/build/check_sass.py finds such
+        // dead moves).
+        SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT),
+                                batch_row(p, ctaid_z()));
+      tma_store_arrive();
+    }
+    if (part) {
+      T* dv2_g = reinterpret_cast<T*>(p.dv2);
+      for (int j = ctid; j < rows * 8; j += WG_THREADS) {
+        const int row = j >> 3, ch = j & 7;
+        const uint4 u = ld_shared_v4(sDv2_u32 + row * 128 + ((ch ^ (row & 7)) << 4));
+        const int64_t t = bos + int64_t(c) * BT + row;
+        *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
+      }
+    }
+  };
+
+  if (p.flags & FLAG_QD_BEHIND) {
+    // The QD-behind schedule (docs/dhu_sm90_regstate_pipeline.md): chunk i issues its own
+    // QD_i behind DV_i, so that the tensor pipe runs DV_i, QD_i, WD_i and QD_i fills the
+    // dv2 epilogue's gap instead of delaying WD_i; the fold (decay . b + scale . QD_i, fla's
+    // order) runs once QD_i completes, before WD_i is issued, its decay row read before. DV's
+    // accumulator starts from zero and the epilogue adds dv^T, loaded while DV_i runs, so
+    // nothing is widened between WD's completion and DV's issue.
+    // Prologue: stage 0 full, its do rows prepared (as above); no wgmma issued.
     wait_bar(&full_bar[0], 0);
-    if (partial || use_g) {
-      // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
-      // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
-      // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
-      // end, which are masked, as are dv's). q and w are shared: with two warpgroups
-      // each zeroes one. With g, do[t] *= exp2(g[t]).
-      prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
-      if (partial) {
-        for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
-          const int row = (j >> 3) % BT;
-          if (row >= rows0) {
-            const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
-            if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
-            if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+    if (partial || use_g) prepare_first_stage();
+    int s = 0;
+    uint32_t phase = 0;  // full[s]'s phase for chunk i
+    for (int i = 0; i < NC; ++i) {
+      const int c = NC - 1 - i;
+      const int64_t chunk = boh + c;
+      const bool last = i + 1 == NC;
+      const bool part = partial && i == 0;
+      const int rows = part ? rows0 : BT;
+      const bool wrap = s + 1 == STAGES;
+      const int ns = wrap ? 0 : s + 1;  // stage of chunk i + 1
+      const uint32_t nphase = wrap ? phase ^ 1u : phase;
+      const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
+
+      // dh[chunk] = bf16(b), as DV's A fragment.
+      CUTE_UNROLL
+      for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
+
+      // DV^T = bf16(b^T) . k^T, from zero.
+      {
+        auto tB = k_descs(s);
+        fence_regs(ab);
+        fence_regs(dv);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kb = 0; kb < K / 16; ++kb)
+          rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+        warpgroup_commit_batch();
+        fence_regs(dv);
+      }
+
+      // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier).
+      issue_qd(s);
+
+      // bf16(b) -> sBh, once the previous chunk's stores have read it (the leader waits).
+      if (leader) tma_store_wait<0>();
+      wg_sync();
+      CUTE_UNROLL
+      for (int kb = 0; kb < K / 16; ++kb) {
+        if constexpr (SVF)
+          stsm_x4(sBh_u32 + SmGeom::direct_off(warp, lane, kb), &ab[4 * kb]);
+        else
+          stsm_x4_trans(sBh_u32 + kb * 2048 + lane_tr, &ab[4 * kb]);
+      }
+      // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
+      uint32_t dvr[ND / 2];
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
+
+      // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
+      // runs meanwhile.
+      warpgroup_wait<1>();
+      fence_regs(dv);
+      {
+        const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
+        CUTE_UNROLL
+        for (int kt = 0; kt < BT / 16; ++kt) {
+          CUTE_UNROLL
+          for (int m = 0; m < 4; ++m) {
+            const float2 d = widen2<T>(dvr[4 * kt + m]);
+            const int e = 8 * kt + 2 * m;
+            if (use_g) {
+              const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
+              adv2[4 * kt + m] = pack2<T>(fmaf(dv[e], gt.x, d.x), fmaf(dv[e + 1], gt.y, d.y));
+            } else {
+              adv2[4 * kt + m] = pack2<T>(dv[e] + d.x, dv[e + 1] + d.y);
+            }
           }
         }
       }
+      if (part) {
+        CUTE_UNROLL
+        for (int j = 0; j < ND / 2; ++j) adv2[j] = mask_pair(adv2[j], fg.col(2 * j), rows);
+      }
+
+      // QD_i complete: b = decay . b + scale . QD_i.
+      warpgroup_wait<0>();
+      fence_regs(qd);
+      fence_regs(b);
+      // (The decay row is read here, each pair used as it lands: read while QD_i runs, its
+      // 32 registers live across the epilogue would spill at K = 128. b itself is not
+      // touched while a wgmma is in flight: ptxas would then make the first such write wait
+      // for every wgmma of the chunk, C7517.)
+      if (use_gk) {
+        const uint32_t sd = smem_u32 + Map::DECAY_OFF + s * K * 4 + fg.col0 * 4;
+        CUTE_UNROLL
+        for (int j = 0; j < NS / 4; ++j) {
+          const float2 d = ld_shared_f32x2(sd + 32 * j);  // columns 8j + col0, + 1
+          CUTE_UNROLL
+          for (int hh = 0; hh < 2; ++hh) {
+            const int e = 4 * j + 2 * hh;
+            b[e] = fmaf(scale, qd[e], d.x * b[e]);
+            b[e + 1] = fmaf(scale, qd[e + 1], d.y * b[e + 1]);
+          }
+        }
+      } else if (use_g) {
+        const float d = ld_shared_f32(gate_at(s) + G_DECAY * 4);
+        CUTE_UNROLL
+        for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], d * b[e]);
+      } else {
+        CUTE_UNROLL
+        for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
+      }
+
+      // b^T += -(dv2^T . w)
+      {
+        auto tB = kt_descs(thr_wd, s, Map::W_OFF);
+        fence_regs(adv2);
+        fence_regs(b);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kt = 0; kt < BT / 16; ++kt)
+          rs_mma<OpWD>(&adv2[4 * kt], uint64_t(tB(0, 0, kt)), b, GMMA::ScaleOut::One);
+        warpgroup_commit_batch();
+        fence_regs(b);
+      }
+
+      // While WD_i runs: the next stage full and, with g, its do rows weighted (ordered
+      // before QD_{i+1}'s reads by the barrier below); dv2 -> sDv2; the dh and dv2 stores
+      // (a short chunk of a packed batch: plain stores).
+      if (!last) {
+        wait_bar(&full_bar[ns], nphase);
+        if (use_g) prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
+      }
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
       fence_proxy_async();
-      if (NWG > 1 && partial)
-        named_sync(CONSUMERS, ALL_CONSUMERS);
-      else
-        wg_sync();
+      wg_sync();
+      store_chunk(chunk, c, part, rows);
+
+      // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
+      warpgroup_wait<0>();
+      fence_regs(b);
+      arrive_bar(&empty_bar[s]);
+      phase = nphase;
+      s = ns;
     }
+    store_dh0();
+    if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
+    return;
+  }
+
+  // Prologue: stage 0's QD, and DV's accumulator from dv without g.
+  {
+    wait_bar(&full_bar[0], 0);
+    if (partial || use_g) prepare_first_stage();
     if (!use_g) load_dv_acc(smem_u32);
     issue_qd(0);
     warpgroup_wait<0>();
@@ -709,34 +898,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
     fence_proxy_async();
     wg_sync();
-    if (leader) {
-      if constexpr (SVF) {
-        CUTE_UNROLL
-        for (int kb = 0; kb < KB; ++kb)  // [64 v][64 k] boxes of the [V, K] checkpoint
-          SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH + kb * 8192, kb * 64, v0, hv,
-                                  int(chunk));
-      } else {
-        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
-      }
-      if (!part)
-        // The batch row from ctaid_z(), uniform to ptxas: from ext.b_row (a per-thread
-        // value to ptxas) ptxas 13.0 moved it into the store's uniform register under a
-        // predicate that the dh store's uniformizing loop had just set to true, so the
-        // move never ran and dv2 went to a stale row (scripts/build/check_sass.py finds such
-        // dead moves).
-        SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT),
-                                batch_row(p, ctaid_z()));
-      tma_store_arrive();
-    }
-    if (part) {
-      T* dv2_g = reinterpret_cast<T*>(p.dv2);
-      for (int j = ctid; j < rows * 8; j += WG_THREADS) {
-        const int row = j >> 3, ch = j & 7;
-        const uint4 u = ld_shared_v4(sDv2_u32 + row * 128 + ((ch ^ (row & 7)) << 4));
-        const int64_t t = bos + int64_t(c) * BT + row;
-        *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
-      }
-    }
+    store_chunk(chunk, c, part, rows);
 
     // WD_i and QD_{i+1} complete: b = b_{i+1}, qd = QD_{i+1}.
     warpgroup_wait<0>();
