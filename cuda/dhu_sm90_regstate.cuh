@@ -576,38 +576,59 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       wg_sync();
   };
 
-  // Chunk c's dh and dv2 tiles, staged in sBh and sDv2 (after the barrier that follows every
-  // thread's writes): TMA stores by the leader, committed; a short chunk of a packed batch
-  // stores its dv2 rows with plain stores.
+  // The stores of staged tiles (after the barrier that follows every thread's writes to
+  // them and its fence.proxy.async). dh[chunk] from sBh: TMA, by the leader.
+  auto tma_store_dh = [&](int64_t chunk) {
+    if constexpr (SVF) {
+      CUTE_UNROLL
+      for (int kb = 0; kb < KB; ++kb)  // [64 v][64 k] boxes of the [V, K] checkpoint
+        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH + kb * 8192, kb * 64, v0, hv,
+                                int(chunk));
+    } else {
+      SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
+    }
+  };
+  // Chunk c's dv2 rows from sDv2: TMA, by the leader.
+  auto tma_store_dv2 = [&](int c) {
+    // The batch row from ctaid_z(), uniform to ptxas: from ext.b_row (a per-thread value to
+    // ptxas) ptxas 13.0 moved it into the store's uniform register under a predicate that the
+    // dh store's uniformizing loop had just set to true, so the move never ran and dv2 went to
+    // a stale row (scripts/build/check_sass.py finds such dead moves).
+    SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT), batch_row(p, ctaid_z()));
+  };
+  // The short chunk c of a packed batch: its first `rows` dv2 rows from sDv2, plain stores by
+  // every thread (the rows past the sequence's end belong to the next sequence).
+  auto plain_store_dv2 = [&](int c, int rows) {
+    T* dv2_g = reinterpret_cast<T*>(p.dv2);
+    for (int j = ctid; j < rows * 8; j += WG_THREADS) {
+      const int row = j >> 3, ch = j & 7;
+      const uint4 u = ld_shared_v4(sDv2_u32 + row * 128 + ((ch ^ (row & 7)) << 4));
+      const int64_t t = bos + int64_t(c) * BT + row;
+      *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
+    }
+  };
+  // Chunk c's dh and dv2 tiles, both staged: one bulk group.
   auto store_chunk = [&](int64_t chunk, int c, bool part, int rows) {
     if (leader) {
-      if constexpr (SVF) {
-        CUTE_UNROLL
-        for (int kb = 0; kb < KB; ++kb)  // [64 v][64 k] boxes of the [V, K] checkpoint
-          SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH + kb * 8192, kb * 64, v0, hv,
-                                  int(chunk));
-      } else {
-        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
-      }
-      if (!part)
-        // The batch row from ctaid_z(), uniform to ptxas: from ext.b_row (a per-thread
-        // value to ptxas) ptxas 13.0 moved it into the store's uniform register under a
-        // predicate that the dh store's uniformizing loop had just set to true, so the
-        // move never ran and dv2 went to a stale row (scripts/build/check_sass.py finds such
-        // dead moves).
-        SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT),
-                                batch_row(p, ctaid_z()));
+      tma_store_dh(chunk);
+      if (!part) tma_store_dv2(c);
       tma_store_arrive();
     }
-    if (part) {
-      T* dv2_g = reinterpret_cast<T*>(p.dv2);
-      for (int j = ctid; j < rows * 8; j += WG_THREADS) {
-        const int row = j >> 3, ch = j & 7;
-        const uint4 u = ld_shared_v4(sDv2_u32 + row * 128 + ((ch ^ (row & 7)) << 4));
-        const int64_t t = bos + int64_t(c) * BT + row;
-        *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
-      }
+    if (part) plain_store_dv2(c, rows);
+  };
+  // bf16(b^T) (the A fragment ab) -> sBh, and dv2^T (adv2) -> sDv2.
+  auto stage_dh = [&]() {
+    CUTE_UNROLL
+    for (int kb = 0; kb < K / 16; ++kb) {
+      if constexpr (SVF)
+        stsm_x4(sBh_u32 + SmGeom::direct_off(warp, lane, kb), &ab[4 * kb]);
+      else
+        stsm_x4_trans(sBh_u32 + kb * 2048 + lane_tr, &ab[4 * kb]);
     }
+  };
+  auto stage_dv2 = [&]() {
+    CUTE_UNROLL
+    for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
   };
 
   if (p.flags & FLAG_QD_BEHIND) {
@@ -653,16 +674,24 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier).
       issue_qd(s);
 
-      // bf16(b) -> sBh, once the previous chunk's stores have read it (the leader waits).
+      // While DV_i runs (the warps would wait for it here): once the stores committed in
+      // chunk i - 1 have read sBh and sDv2 (the leader waits, then the barrier), bf16(b) ->
+      // sBh and chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier that order
+      // them before the async proxy's reads; then their stores, one bulk group (chunk 0 of a
+      // short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
       if (leader) tma_store_wait<0>();
       wg_sync();
-      CUTE_UNROLL
-      for (int kb = 0; kb < K / 16; ++kb) {
-        if constexpr (SVF)
-          stsm_x4(sBh_u32 + SmGeom::direct_off(warp, lane, kb), &ab[4 * kb]);
-        else
-          stsm_x4_trans(sBh_u32 + kb * 2048 + lane_tr, &ab[4 * kb]);
+      stage_dh();
+      if (i > 0) stage_dv2();
+      fence_proxy_async();
+      wg_sync();
+      const bool prev_part = partial && i == 1;
+      if (leader) {
+        tma_store_dh(chunk);
+        if (i > 0 && !prev_part) tma_store_dv2(c + 1);
+        tma_store_arrive();
       }
+      if (prev_part) plain_store_dv2(c + 1, rows0);
       // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
       uint32_t dvr[ND / 2];
       CUTE_UNROLL
@@ -736,18 +765,17 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         fence_regs(b);
       }
 
-      // While WD_i runs: the next stage full and, with g, its do rows weighted (ordered
-      // before QD_{i+1}'s reads by the barrier below); dv2 -> sDv2; the dh and dv2 stores
-      // (a short chunk of a packed batch: plain stores).
+      // While WD_i runs: the next stage full and, with g, its do rows weighted, ordered
+      // before QD_{i+1}'s reads by the fence and the barrier. (dv2_i is staged and stored
+      // while DV_{i+1} runs, or after the loop.)
       if (!last) {
         wait_bar(&full_bar[ns], nphase);
-        if (use_g) prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
+        if (use_g) {
+          prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
+          fence_proxy_async();
+          wg_sync();
+        }
       }
-      CUTE_UNROLL
-      for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
-      fence_proxy_async();
-      wg_sync();
-      store_chunk(chunk, c, part, rows);
 
       // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
       warpgroup_wait<0>();
@@ -756,6 +784,18 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       phase = nphase;
       s = ns;
     }
+    // The last chunk's (c = 0) dv2.
+    if (leader) tma_store_wait<0>();
+    wg_sync();
+    stage_dv2();
+    fence_proxy_async();
+    wg_sync();
+    const bool last_part = partial && NC == 1;
+    if (leader && !last_part) {
+      tma_store_dv2(0);
+      tma_store_arrive();
+    }
+    if (last_part) plain_store_dv2(0, rows0);
     store_dh0();
     if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
     return;
@@ -842,13 +882,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     issue_qd(ns);
 
     // bf16(b) -> sBh.
-    CUTE_UNROLL
-    for (int kb = 0; kb < K / 16; ++kb) {
-      if constexpr (SVF)
-        stsm_x4(sBh_u32 + SmGeom::direct_off(warp, lane, kb), &ab[4 * kb]);
-      else
-        stsm_x4_trans(sBh_u32 + kb * 2048 + lane_tr, &ab[4 * kb]);
-    }
+    stage_dh();
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end.
     warpgroup_wait<1>();
@@ -894,8 +928,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     if (!use_g) load_dv_acc(nst_u32);
 
     // dv2 -> sDv2; the dh and dv2 stores (a short chunk of a packed batch: plain stores).
-    CUTE_UNROLL
-    for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
+    stage_dv2();
     fence_proxy_async();
     wg_sync();
     store_chunk(chunk, c, part, rows);
