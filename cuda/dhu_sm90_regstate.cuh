@@ -638,6 +638,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // order) runs once QD_i completes, before WD_i is issued, its decay row read before. DV's
     // accumulator starts from zero and the epilogue adds dv^T, loaded while DV_i runs, so
     // nothing is widened between WD's completion and DV's issue.
+    // dv2_i is staged and stored while DV_{i+1} runs (DEFER_DV2), where the warps wait for DV
+    // anyway, so that the section after WD's issue holds only the next stage's wait; not with
+    // two warpgroups at K = 128, whose 240 registers do not hold adv2 across the loop's back
+    // edge without spills (NVRTC 12.9).
+    constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
     // Prologue: stage 0 full, its do rows prepared (as above); no wgmma issued.
     wait_bar(&full_bar[0], 0);
     if (partial || use_g) prepare_first_stage();
@@ -671,27 +676,28 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         fence_regs(dv);
       }
 
-      // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier).
-      issue_qd(s);
-
       // While DV_i runs (the warps would wait for it here): once the stores committed in
       // chunk i - 1 have read sBh and sDv2 (the leader waits, then the barrier), bf16(b) ->
-      // sBh and chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier that order
+      // sBh and (DEFER_DV2) chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier that order
       // them before the async proxy's reads; then their stores, one bulk group (chunk 0 of a
       // short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
       if (leader) tma_store_wait<0>();
       wg_sync();
       stage_dh();
-      if (i > 0) stage_dv2();
+      if (DEFER_DV2 && i > 0) stage_dv2();
       fence_proxy_async();
       wg_sync();
-      const bool prev_part = partial && i == 1;
+      const bool prev_part = DEFER_DV2 && partial && i == 1;
       if (leader) {
         tma_store_dh(chunk);
-        if (i > 0 && !prev_part) tma_store_dv2(c + 1);
+        if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c + 1);
         tma_store_arrive();
       }
       if (prev_part) plain_store_dv2(c + 1, rows0);
+
+      // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
+      // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
+      issue_qd(s);
       // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
       uint32_t dvr[ND / 2];
       CUTE_UNROLL
@@ -766,15 +772,30 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       }
 
       // While WD_i runs: the next stage full and, with g, its do rows weighted, ordered
-      // before QD_{i+1}'s reads by the fence and the barrier. (dv2_i is staged and stored
-      // while DV_{i+1} runs, or after the loop.)
+      // before QD_{i+1}'s reads by the fence and the barrier. (DEFER_DV2: dv2_i is staged
+      // and stored while DV_{i+1} runs, or after the loop; else below.)
       if (!last) {
         wait_bar(&full_bar[ns], nphase);
         if (use_g) {
           prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
-          fence_proxy_async();
-          wg_sync();
+          if (DEFER_DV2) {
+            fence_proxy_async();
+            wg_sync();
+          }
         }
+      }
+      if constexpr (!DEFER_DV2) {
+        // dv2_i staged and stored here (sDv2 free: the leader's wait before this chunk's
+        // first barrier covered chunk i - 1's stores); the fence and barrier also order the
+        // do rows above.
+        stage_dv2();
+        fence_proxy_async();
+        wg_sync();
+        if (leader) {
+          if (!part) tma_store_dv2(c);
+          tma_store_arrive();
+        }
+        if (part) plain_store_dv2(c, rows);
       }
 
       // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
@@ -784,18 +805,20 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       phase = nphase;
       s = ns;
     }
-    // The last chunk's (c = 0) dv2.
-    if (leader) tma_store_wait<0>();
-    wg_sync();
-    stage_dv2();
-    fence_proxy_async();
-    wg_sync();
-    const bool last_part = partial && NC == 1;
-    if (leader && !last_part) {
-      tma_store_dv2(0);
-      tma_store_arrive();
+    if constexpr (DEFER_DV2) {
+      // The last chunk's (c = 0) dv2.
+      if (leader) tma_store_wait<0>();
+      wg_sync();
+      stage_dv2();
+      fence_proxy_async();
+      wg_sync();
+      const bool last_part = partial && NC == 1;
+      if (leader && !last_part) {
+        tma_store_dv2(0);
+        tma_store_arrive();
+      }
+      if (last_part) plain_store_dv2(0, rows0);
     }
-    if (last_part) plain_store_dv2(0, rows0);
     store_dh0();
     if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
     return;
