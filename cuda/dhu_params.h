@@ -39,7 +39,6 @@ enum DhuFlags : uint32_t {
   FLAG_VARLEN = 1u << 4,     // cu_seqlens present, B == 1
   FLAG_CU_I32 = 1u << 5,     // cu_seqlens is int32 (else int64)
   FLAG_OFFSETS_I32 = 1u << 6,  // chunk_offsets is int32 (else int64)
-  FLAG_QD_BEHIND = 1u << 7,    // sm_90a: the QD-behind schedule (KDA_DHU_SM90_QD=behind; measurements)
 };
 
 // Input errors found on the device (packed batches), in host-mapped pinned memory, one

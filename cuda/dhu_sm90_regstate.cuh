@@ -38,11 +38,14 @@
 // stmatrix x4 of one k-block move registers 4kb..4kb+3 (SmGeom below). Checked on the
 // CPU by scripts/build/layout_check_regstate.sh.
 //
-// The serial chain per chunk: bf16(b) -> DV -> dv2 -> WD -> bf16(b): two wgmma batches and
-// two register epilogues. The tensor pipe runs DV_i, QD_{i+1}, WD_i back to back; the
-// fold of QD_i into b, QD_{i+1}'s issue, the dh store's staging and its barrier run while
-// DV_i is in flight, the dv2 staging, its barrier, the TMA stores and the next chunk's dv
-// loads while WD_i is. No wgmma group stays in flight across the loop's back edge: ptxas
+// The serial chain per chunk: bf16(b) -> DV -> dv2 -> fold -> WD -> bf16(b): two wgmma
+// batches, the dv2 epilogue and the fold. Chunk i issues its own QD_i right behind DV_i, so
+// the tensor pipe runs DV_i, QD_i, WD_i and QD_i runs during the dv2 epilogue instead of
+// between DV_i and WD_i; the fold (decay . b + scale . QD_i, fla's order) follows QD_i's
+// completion and precedes WD_i's issue. DV's accumulator starts from zero and the epilogue
+// adds dv^T (loaded while DV_i runs). While DV_i runs the warps stage bf16(b) (and, one
+// warpgroup or K = 64, the previous chunk's dv2) and issue the TMA stores; while WD_i runs,
+// the next stage's wait. No wgmma group stays in flight across the loop's back edge: ptxas
 // serializes every wgmma of the kernel otherwise (C7514/C7518). Pipeline and buffer reuse:
 // docs/dhu_sm90_regstate_pipeline.md.
 //
@@ -516,20 +519,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     return;
   }
 
-  // dv^T of a stage, unpacked into DV's accumulator (the no-g form of dv2 = DV + dv).
-  auto load_dv_acc = [&](uint32_t stage_u32) {
-    CUTE_UNROLL
-    for (int kt = 0; kt < BT / 16; ++kt) {
-      uint32_t r[4];
-      ldsm_x4_trans(stage_u32 + DV_OFF + kt * 2048 + lane_tr, r);
-      CUTE_UNROLL
-      for (int m = 0; m < 4; ++m) {
-        const float2 f = widen2<T>(r[m]);
-        dv[8 * kt + 2 * m] = f.x;
-        dv[8 * kt + 2 * m + 1] = f.y;
-      }
-    }
-  };
   // QD^T = do^T . q of a stage, into qd (do's rows already prepared).
   auto issue_qd = [&](int stage) {
     auto tA = do_descs(stage);
@@ -607,15 +596,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
     }
   };
-  // Chunk c's dh and dv2 tiles, both staged: one bulk group.
-  auto store_chunk = [&](int64_t chunk, int c, bool part, int rows) {
-    if (leader) {
-      tma_store_dh(chunk);
-      if (!part) tma_store_dv2(c);
-      tma_store_arrive();
-    }
-    if (part) plain_store_dv2(c, rows);
-  };
   // bf16(b^T) (the A fragment ab) -> sBh, and dv2^T (adv2) -> sDv2.
   auto stage_dh = [&]() {
     CUTE_UNROLL
@@ -631,215 +611,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
   };
 
-  if (p.flags & FLAG_QD_BEHIND) {
-    // The QD-behind schedule (docs/dhu_sm90_regstate_pipeline.md): chunk i issues its own
-    // QD_i behind DV_i, so that the tensor pipe runs DV_i, QD_i, WD_i and QD_i fills the
-    // dv2 epilogue's gap instead of delaying WD_i; the fold (decay . b + scale . QD_i, fla's
-    // order) runs once QD_i completes, before WD_i is issued, its decay row read before. DV's
-    // accumulator starts from zero and the epilogue adds dv^T, loaded while DV_i runs, so
-    // nothing is widened between WD's completion and DV's issue.
-    // dv2_i is staged and stored while DV_{i+1} runs (DEFER_DV2), where the warps wait for DV
-    // anyway, so that the section after WD's issue holds only the next stage's wait; not with
-    // two warpgroups at K = 128, whose 240 registers do not hold adv2 across the loop's back
-    // edge without spills (NVRTC 12.9).
-    constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
-    // Prologue: stage 0 full, its do rows prepared (as above); no wgmma issued.
-    wait_bar(&full_bar[0], 0);
-    if (partial || use_g) prepare_first_stage();
-    int s = 0;
-    uint32_t phase = 0;  // full[s]'s phase for chunk i
-    for (int i = 0; i < NC; ++i) {
-      const int c = NC - 1 - i;
-      const int64_t chunk = boh + c;
-      const bool last = i + 1 == NC;
-      const bool part = partial && i == 0;
-      const int rows = part ? rows0 : BT;
-      const bool wrap = s + 1 == STAGES;
-      const int ns = wrap ? 0 : s + 1;  // stage of chunk i + 1
-      const uint32_t nphase = wrap ? phase ^ 1u : phase;
-      const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
-
-      // dh[chunk] = bf16(b), as DV's A fragment.
-      CUTE_UNROLL
-      for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
-
-      // DV^T = bf16(b^T) . k^T, from zero.
-      {
-        auto tB = k_descs(s);
-        fence_regs(ab);
-        fence_regs(dv);
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kb = 0; kb < K / 16; ++kb)
-          rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
-        warpgroup_commit_batch();
-        fence_regs(dv);
-      }
-
-      // While DV_i runs (the warps would wait for it here): once the stores committed in
-      // chunk i - 1 have read sBh and sDv2 (the leader waits, then the barrier), bf16(b) ->
-      // sBh and (DEFER_DV2) chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier that order
-      // them before the async proxy's reads; then their stores, one bulk group (chunk 0 of a
-      // short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
-      if (leader) tma_store_wait<0>();
-      wg_sync();
-      stage_dh();
-      if (DEFER_DV2 && i > 0) stage_dv2();
-      fence_proxy_async();
-      wg_sync();
-      const bool prev_part = DEFER_DV2 && partial && i == 1;
-      if (leader) {
-        tma_store_dh(chunk);
-        if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c + 1);
-        tma_store_arrive();
-      }
-      if (prev_part) plain_store_dv2(c + 1, rows0);
-
-      // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
-      // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
-      issue_qd(s);
-      // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
-      uint32_t dvr[ND / 2];
-      CUTE_UNROLL
-      for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
-
-      // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
-      // runs meanwhile.
-      warpgroup_wait<1>();
-      fence_regs(dv);
-      {
-        const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
-        CUTE_UNROLL
-        for (int kt = 0; kt < BT / 16; ++kt) {
-          CUTE_UNROLL
-          for (int m = 0; m < 4; ++m) {
-            const float2 d = widen2<T>(dvr[4 * kt + m]);
-            const int e = 8 * kt + 2 * m;
-            if (use_g) {
-              const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
-              adv2[4 * kt + m] = pack2<T>(fmaf(dv[e], gt.x, d.x), fmaf(dv[e + 1], gt.y, d.y));
-            } else {
-              adv2[4 * kt + m] = pack2<T>(dv[e] + d.x, dv[e + 1] + d.y);
-            }
-          }
-        }
-      }
-      if (part) {
-        CUTE_UNROLL
-        for (int j = 0; j < ND / 2; ++j) adv2[j] = mask_pair(adv2[j], fg.col(2 * j), rows);
-      }
-
-      // QD_i complete: b = decay . b + scale . QD_i.
-      warpgroup_wait<0>();
-      fence_regs(qd);
-      fence_regs(b);
-      // (The decay row is read here, each pair used as it lands: read while QD_i runs, its
-      // 32 registers live across the epilogue would spill at K = 128. b itself is not
-      // touched while a wgmma is in flight: ptxas would then make the first such write wait
-      // for every wgmma of the chunk, C7517.)
-      if (use_gk) {
-        const uint32_t sd = smem_u32 + Map::DECAY_OFF + s * K * 4 + fg.col0 * 4;
-        CUTE_UNROLL
-        for (int j = 0; j < NS / 4; ++j) {
-          const float2 d = ld_shared_f32x2(sd + 32 * j);  // columns 8j + col0, + 1
-          CUTE_UNROLL
-          for (int hh = 0; hh < 2; ++hh) {
-            const int e = 4 * j + 2 * hh;
-            b[e] = fmaf(scale, qd[e], d.x * b[e]);
-            b[e + 1] = fmaf(scale, qd[e + 1], d.y * b[e + 1]);
-          }
-        }
-      } else if (use_g) {
-        const float d = ld_shared_f32(gate_at(s) + G_DECAY * 4);
-        CUTE_UNROLL
-        for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], d * b[e]);
-      } else {
-        CUTE_UNROLL
-        for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
-      }
-
-      // b^T += -(dv2^T . w)
-      {
-        auto tB = kt_descs(thr_wd, s, Map::W_OFF);
-        fence_regs(adv2);
-        fence_regs(b);
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kt = 0; kt < BT / 16; ++kt)
-          rs_mma<OpWD>(&adv2[4 * kt], uint64_t(tB(0, 0, kt)), b, GMMA::ScaleOut::One);
-        warpgroup_commit_batch();
-        fence_regs(b);
-      }
-
-      // While WD_i runs: the next stage full and, with g, its do rows weighted, ordered
-      // before QD_{i+1}'s reads by the fence and the barrier. (DEFER_DV2: dv2_i is staged
-      // and stored while DV_{i+1} runs, or after the loop; else below.)
-      if (!last) {
-        wait_bar(&full_bar[ns], nphase);
-        if (use_g) {
-          prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
-          if (DEFER_DV2) {
-            fence_proxy_async();
-            wg_sync();
-          }
-        }
-      }
-      if constexpr (!DEFER_DV2) {
-        // dv2_i staged and stored here (sDv2 free: the leader's wait before this chunk's
-        // first barrier covered chunk i - 1's stores); the fence and barrier also order the
-        // do rows above.
-        stage_dv2();
-        fence_proxy_async();
-        wg_sync();
-        if (leader) {
-          if (!part) tma_store_dv2(c);
-          tma_store_arrive();
-        }
-        if (part) plain_store_dv2(c, rows);
-      }
-
-      // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
-      warpgroup_wait<0>();
-      fence_regs(b);
-      arrive_bar(&empty_bar[s]);
-      phase = nphase;
-      s = ns;
-    }
-    if constexpr (DEFER_DV2) {
-      // The last chunk's (c = 0) dv2.
-      if (leader) tma_store_wait<0>();
-      wg_sync();
-      stage_dv2();
-      fence_proxy_async();
-      wg_sync();
-      const bool last_part = partial && NC == 1;
-      if (leader && !last_part) {
-        tma_store_dv2(0);
-        tma_store_arrive();
-      }
-      if (last_part) plain_store_dv2(0, rows0);
-    }
-    store_dh0();
-    if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
-    return;
-  }
-
-  // Prologue: stage 0's QD, and DV's accumulator from dv without g.
-  {
-    wait_bar(&full_bar[0], 0);
-    if (partial || use_g) prepare_first_stage();
-    if (!use_g) load_dv_acc(smem_u32);
-    issue_qd(0);
-    warpgroup_wait<0>();
-    fence_regs(qd);
-  }
-
-  // The chunks. On entry to chunk i: b = b_i, qd = QD_i, stage s full, DV's accumulator =
-  // dv^T_i without g, no wgmma in flight (ptxas serializes every wgmma of a kernel that
-  // keeps a group in flight across the loop's back edge while other code reads
-  // accumulators). The tensor pipe runs DV_i, QD_{i+1}, WD_i back to back. Every chunk
-  // runs the same code: the last one prepares a "next" chunk from its own stage (its QD
-  // and dv loads are never used), so no wgmma is issued under a branch.
+  // The chunks (the schedule above). On entry to chunk i: b = b_i, stage s full and
+  // prepared, no wgmma in flight. dv2_i is staged and stored while DV_{i+1} runs (DEFER_DV2), where the warps wait for DV
+  // anyway, so that the section after WD's issue holds only the next stage's wait; not with
+  // two warpgroups at K = 128, whose 240 registers do not hold adv2 across the loop's back
+  // edge without spills (NVRTC 12.9).
+  constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
+  // Prologue: stage 0 full, its do rows prepared (as above); no wgmma issued.
+  wait_bar(&full_bar[0], 0);
+  if (partial || use_g) prepare_first_stage();
   int s = 0;
   uint32_t phase = 0;  // full[s]'s phase for chunk i
   for (int i = 0; i < NC; ++i) {
@@ -849,16 +629,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const bool part = partial && i == 0;
     const int rows = part ? rows0 : BT;
     const bool wrap = s + 1 == STAGES;
-    const int ns = last ? s : (wrap ? 0 : s + 1);                   // stage of chunk i + 1
-    const uint32_t nphase = last || !wrap ? phase : phase ^ 1u;  // (last: complete, no wait)
+    const int ns = wrap ? 0 : s + 1;  // stage of chunk i + 1
+    const uint32_t nphase = wrap ? phase ^ 1u : phase;
     const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
-    const uint32_t nst_u32 = smem_u32 + ns * Map::STAGE;
 
     // dh[chunk] = bf16(b), as DV's A fragment.
     CUTE_UNROLL
     for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
 
-    // DV^T = bf16(b^T) . k^T  (+ dv^T, the accumulator's start, without g)
+    // DV^T = bf16(b^T) . k^T, from zero.
     {
       auto tB = k_descs(s);
       fence_regs(ab);
@@ -866,13 +645,72 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       warpgroup_arrive();
       CUTE_UNROLL
       for (int kb = 0; kb < K / 16; ++kb)
-        rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv,
-                     (kb == 0 && use_g) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+        rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
       warpgroup_commit_batch();
       fence_regs(dv);
     }
 
-    // b = decay . b + scale . QD_i, while DV_i runs.
+    // While DV_i runs (the warps would wait for it here): once the stores committed in
+    // chunk i - 1 have read sBh and sDv2 (the leader waits, then the barrier), bf16(b) ->
+    // sBh and (DEFER_DV2) chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier that order
+    // them before the async proxy's reads; then their stores, one bulk group (chunk 0 of a
+    // short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
+    if (leader) tma_store_wait<0>();
+    wg_sync();
+    stage_dh();
+    if (DEFER_DV2 && i > 0) stage_dv2();
+    fence_proxy_async();
+    wg_sync();
+    const bool prev_part = DEFER_DV2 && partial && i == 1;
+    if (leader) {
+      tma_store_dh(chunk);
+      if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c + 1);
+      tma_store_arrive();
+    }
+    if (prev_part) plain_store_dv2(c + 1, rows0);
+
+    // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
+    // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
+    issue_qd(s);
+    // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
+    uint32_t dvr[ND / 2];
+    CUTE_UNROLL
+    for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
+
+    // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
+    // runs meanwhile.
+    warpgroup_wait<1>();
+    fence_regs(dv);
+    {
+      const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt) {
+        CUTE_UNROLL
+        for (int m = 0; m < 4; ++m) {
+          const float2 d = widen2<T>(dvr[4 * kt + m]);
+          const int e = 8 * kt + 2 * m;
+          if (use_g) {
+            const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
+            adv2[4 * kt + m] = pack2<T>(fmaf(dv[e], gt.x, d.x), fmaf(dv[e + 1], gt.y, d.y));
+          } else {
+            adv2[4 * kt + m] = pack2<T>(dv[e] + d.x, dv[e + 1] + d.y);
+          }
+        }
+      }
+    }
+    if (part) {
+      CUTE_UNROLL
+      for (int j = 0; j < ND / 2; ++j) adv2[j] = mask_pair(adv2[j], fg.col(2 * j), rows);
+    }
+
+    // QD_i complete: b = decay . b + scale . QD_i.
+    warpgroup_wait<0>();
+    fence_regs(qd);
+    fence_regs(b);
+    // (The decay row is read here, each pair used as it lands: read while QD_i runs, its
+    // 32 registers live across the epilogue would spill at K = 128. b itself is not
+    // touched while a wgmma is in flight: ptxas would then make the first such write wait
+    // for every wgmma of the chunk, C7517.)
     if (use_gk) {
       const uint32_t sd = smem_u32 + Map::DECAY_OFF + s * K * 4 + fg.col0 * 4;
       CUTE_UNROLL
@@ -894,45 +732,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
     }
 
-    // QD_{i+1}, queued behind DV_i on the tensor pipe: with g, do_{i+1}[t] *= exp2(g[t])
-    // first. sBh and sDv2 are free once the previous chunk's stores have read them (the
-    // leader waits); the barrier also orders the do rows before QD's reads.
-    wait_bar(&full_bar[ns], nphase);
-    if (use_g) prepare_do_rows<T>(nst_u32 + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
-    fence_proxy_async();
-    if (leader) tma_store_wait<0>();
-    wg_sync();
-    issue_qd(ns);
-
-    // bf16(b) -> sBh.
-    stage_dh();
-
-    // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end.
-    warpgroup_wait<1>();
-    fence_regs(dv);
-    if (use_g) {
-      const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
-      CUTE_UNROLL
-      for (int kt = 0; kt < BT / 16; ++kt) {
-        uint32_t r[4];
-        ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, r);
-        CUTE_UNROLL
-        for (int m = 0; m < 4; ++m) {
-          const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
-          const float2 d = widen2<T>(r[m]);
-          const int e = 8 * kt + 2 * m;
-          adv2[4 * kt + m] = pack2<T>(dv[e] * gt.x + d.x, dv[e + 1] * gt.y + d.y);
-        }
-      }
-    } else {
-      CUTE_UNROLL
-      for (int j = 0; j < ND / 2; ++j) adv2[j] = pack2<T>(dv[2 * j], dv[2 * j + 1]);
-    }
-    if (part) {
-      CUTE_UNROLL
-      for (int j = 0; j < ND / 2; ++j) adv2[j] = mask_pair(adv2[j], fg.col(2 * j), rows);
-    }
-
     // b^T += -(dv2^T . w)
     {
       auto tB = kt_descs(thr_wd, s, Map::W_OFF);
@@ -946,29 +745,57 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       fence_regs(b);
     }
 
-    // DV_{i+1}'s accumulator starts from dv^T_{i+1} (no g), while WD_i runs (first, so
-    // that the shared-memory loads land before WD completes).
-    if (!use_g) load_dv_acc(nst_u32);
+    // While WD_i runs: the next stage full and, with g, its do rows weighted, ordered
+    // before QD_{i+1}'s reads by the fence and the barrier. (DEFER_DV2: dv2_i is staged
+    // and stored while DV_{i+1} runs, or after the loop; else below.)
+    if (!last) {
+      wait_bar(&full_bar[ns], nphase);
+      if (use_g) {
+        prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
+        if (DEFER_DV2) {
+          fence_proxy_async();
+          wg_sync();
+        }
+      }
+    }
+    if constexpr (!DEFER_DV2) {
+      // dv2_i staged and stored here (sDv2 free: the leader's wait before this chunk's
+      // first barrier covered chunk i - 1's stores); the fence and barrier also order the
+      // do rows above.
+      stage_dv2();
+      fence_proxy_async();
+      wg_sync();
+      if (leader) {
+        if (!part) tma_store_dv2(c);
+        tma_store_arrive();
+      }
+      if (part) plain_store_dv2(c, rows);
+    }
 
-    // dv2 -> sDv2; the dh and dv2 stores (a short chunk of a packed batch: plain stores).
+    // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
+    warpgroup_wait<0>();
+    fence_regs(b);
+    arrive_bar(&empty_bar[s]);
+    phase = nphase;
+    s = ns;
+  }
+  if constexpr (DEFER_DV2) {
+    // The last chunk's (c = 0) dv2.
+    if (leader) tma_store_wait<0>();
+    wg_sync();
     stage_dv2();
     fence_proxy_async();
     wg_sync();
-    store_chunk(chunk, c, part, rows);
-
-    // WD_i and QD_{i+1} complete: b = b_{i+1}, qd = QD_{i+1}.
-    warpgroup_wait<0>();
-    fence_regs(b);
-    fence_regs(qd);
-
-    // Every read of stage s is complete: hand it back to the producer.
-    arrive_bar(&empty_bar[s]);
-    if (wrap) phase ^= 1u;
-    s = wrap ? 0 : s + 1;
+    const bool last_part = partial && NC == 1;
+    if (leader && !last_part) {
+      tma_store_dv2(0);
+      tma_store_arrive();
+    }
+    if (last_part) plain_store_dv2(0, rows0);
   }
-
   store_dh0();
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
+
 }
 }  // namespace sm90_regstate
 }  // namespace kda_dhu

@@ -12,7 +12,7 @@
 //! envelope only (gk gate, H == HV, dense, dht given, T % 64 == 0), under every rule,
 //! with no CTA floor of its own (B2a keeps its 256-CTA floor).
 
-use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_QD_BEHIND, FLAG_VARLEN};
+use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
 use std::fmt;
@@ -424,9 +424,6 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_OFFSETS_I32;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
-    if arch == Arch::Sm90 && crate::env::sm90_qd_behind() {
-        flags |= FLAG_QD_BEHIND;
-    }
     let nwg = warpgroups(desc, dev, arch, sm90_nwg_override());
     Plan::Kernel {
         arch,
