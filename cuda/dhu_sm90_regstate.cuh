@@ -12,10 +12,10 @@
 //
 //     dh[chunk]^T     = bf16(b^T)                               registers -> sBh (stmatrix) -> TMA store
 //     DV^T  [BV, BT]  = bf16(b^T) [BV, K] . k^T [K, BT]         wgmma RS: A = bf16(b^T), B = k (K-major)
+//     QD^T  [BV, K]   = do^T [BV, BT] . q [BT, K]             wgmma SS: A = do (MN-major), B = q (MN-major)
 //     dv2^T [BV, BT]  = gate(t) * DV^T + dv^T  -> q.dtype      registers; re-packed as WD's A (K dim = BT)
 //     b^T             = decay(k) * b^T + scale * QD^T           fp32 registers (scale after the dot, as fla)
 //     b^T            += -(dv2^T [BV, BT] . w [BT, K])           wgmma RS into b^T, A scaled by -1 (exact)
-//     QD^T  [BV, K]   = do^T [BV, BT] . q [BT, K]  (next chunk) wgmma SS: A = do (MN-major), B = q (MN-major)
 //
 //   gate(t) = exp2(g[e-1] - g[t]) with the scalar gate g, else 1 (per column t of DV^T);
 //   decay(k) = exp2(gk[e-1, k]) with gk (per column k of b^T), exp2(g[e-1]) with g, else 1;
@@ -26,8 +26,7 @@
 //
 // fla's rounding points are kept: b is rounded to q.dtype before k.b (DV's A fragment),
 // dv2 is rounded before w^T.dv2 (WD's A fragment), and scale multiplies the fp32 QD
-// accumulator. Without g, DV's accumulator starts from dv^T itself (fp32), so the tensor
-// core adds dv: dv2's sum differs from fla's order only at fp32 rounding.
+// accumulator; dv is added to the fp32 DV after the dot, as fla adds it.
 //
 // Fragment geometry. An m64nNk16 accumulator element i = 4j + 2h + c of thread t (warp
 // w = t / 32, lane l) sits at row 16w + l/4 + 8h, column 8j + 2(l%4) + c (FragGeom in
