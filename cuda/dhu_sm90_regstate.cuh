@@ -538,32 +538,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int rows0 = int(min(int64_t(BT), len - int64_t(NC - 1) * BT));
   const bool partial = varlen && rows0 < BT;
 
-  // Stage 0 of a sequence whose newest chunk is short (packed batch) or with g: its do rows
-  // prepared, q's and w's rows past the end zeroed, ordered before the async proxy's reads.
-  auto prepare_first_stage = [&]() {
-    // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
-    // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
-    // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
-    // end, which are masked, as are dv's). q and w are shared: with two warpgroups
-    // each zeroes one. With g, do[t] *= exp2(g[t]).
-    prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
-    if (partial) {
-      for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
-        const int row = (j >> 3) % BT;
-        if (row >= rows0) {
-          const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
-          if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
-          if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
-        }
-      }
-    }
-    fence_proxy_async();
-    if (NWG > 1 && partial)
-      named_sync(CONSUMERS, ALL_CONSUMERS);
-    else
-      wg_sync();
-  };
-
   // The stores of staged tiles (after the barrier that follows every thread's writes to
   // them and its fence.proxy.async). dh[chunk] from sBh: TMA, by the leader.
   auto tma_store_dh = [&](int64_t chunk) {
@@ -611,14 +585,37 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   };
 
   // The chunks (the schedule above). On entry to chunk i: b = b_i, stage s full and
-  // prepared, no wgmma in flight. dv2_i is staged and stored while DV_{i+1} runs (DEFER_DV2), where the warps wait for DV
-  // anyway, so that the section after WD's issue holds only the next stage's wait; not with
-  // two warpgroups at K = 128, whose 240 registers do not hold adv2 across the loop's back
-  // edge without spills (NVRTC 12.9).
+  // prepared, no wgmma in flight. DEFER_DV2: dv2_i is staged and stored while DV_{i+1} runs,
+  // where the warps wait for DV anyway, so that the section after WD's issue holds only the
+  // next stage's wait; not with two warpgroups at K = 128, whose 240 registers do not hold
+  // adv2 across the loop's back edge without spills (NVRTC 12.9).
   constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
-  // Prologue: stage 0 full, its do rows prepared (as above); no wgmma issued.
+  // Prologue: stage 0 full and, for a packed batch's short newest chunk or with g, prepared;
+  // no wgmma issued.
   wait_bar(&full_bar[0], 0);
-  if (partial || use_g) prepare_first_stage();
+  if (partial || use_g) {
+    // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
+    // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
+    // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
+    // end, which are masked, as are dv's). q and w are shared: with two warpgroups
+    // each zeroes one. With g, do[t] *= exp2(g[t]).
+    prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
+    if (partial) {
+      for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
+        const int row = (j >> 3) % BT;
+        if (row >= rows0) {
+          const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
+          if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+          if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+        }
+      }
+    }
+    fence_proxy_async();
+    if (NWG > 1 && partial)
+      named_sync(CONSUMERS, ALL_CONSUMERS);
+    else
+      wg_sync();
+  }
   int s = 0;
   uint32_t phase = 0;  // full[s]'s phase for chunk i
   for (int i = 0; i < NC; ++i) {
@@ -651,9 +648,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // While DV_i runs (the warps would wait for it here): once the stores committed in
     // chunk i - 1 have read sBh and sDv2 (the leader waits, then the barrier), bf16(b) ->
-    // sBh and (DEFER_DV2) chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier that order
-    // them before the async proxy's reads; then their stores, one bulk group (chunk 0 of a
-    // short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
+    // sBh and (DEFER_DV2) chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier
+    // that order them before the async proxy's reads; then their stores, one bulk group
+    // (chunk 0 of a short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
     if (leader) tma_store_wait<0>();
     wg_sync();
     stage_dh();
@@ -794,7 +791,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
   store_dh0();
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
-
 }
 }  // namespace sm90_regstate
 }  // namespace kda_dhu
