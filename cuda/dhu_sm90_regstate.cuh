@@ -223,13 +223,14 @@ __device__ __forceinline__ uint32_t mask_pair(uint32_t u, int t, int rows) {
   return u & ((t < rows ? 0x0000ffffu : 0u) | (t + 1 < rows ? 0xffff0000u : 0u));
 }
 
-// do rows of a [64 t][64 v] 128-byte-swizzled tile, in place, by one warpgroup: rows
-// t >= rows zeroed, the others weighted by exp2(g[t]) (s_weight, rounded to T) with g.
-// Generic-proxy writes: a fence.proxy.async and a barrier must follow before wgmma reads.
-template <class T>
+// do rows of a [64 t][64 v] 128-byte-swizzled tile, in place, by NTHREADS threads (ctid
+// the thread's index among them): rows t >= rows zeroed, the others weighted by exp2(g[t])
+// (s_weight, rounded to T) with g. Generic-proxy writes: a fence.proxy.async and a barrier
+// must follow before wgmma reads.
+template <class T, int NTHREADS = WG_THREADS>
 __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool use_g, uint32_t s_weight, int rows) {
   // 64 rows x 8 chunks of 16 bytes; the swizzle permutes chunks within a row only.
-  for (int j = ctid; j < BT * 8; j += 128) {
+  for (int j = ctid; j < BT * 8; j += NTHREADS) {
     const int row = j >> 3;
     const uint32_t a = tile + row * 128 + (j & 7) * 16;
     if (row >= rows) {
@@ -248,11 +249,371 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
   }
 }
 
-template <int K, class T, int NWG, bool SVF>
+// The K-split consumers (KSPLIT): two warpgroups share one V tile, warpgroup J holding the
+// state's K columns [64J, 64J + 64) (K = 128): b^T [64 v, 64 k] is 32 fp32 registers, and
+// per chunk each warpgroup issues half of DV (its K half's partial sum), QD and WD (N = 64,
+// its K half), so the chain per warpgroup carries half the products, the pack and the fold
+// of the one-warpgroup kernel. What the halves exchange per chunk, through shared memory:
+//
+//   DV^T [64 v, 64 t] = DV_0^T + DV_1^T: warpgroup J finishes the columns t of k-blocks
+//       2J, 2J + 1 (t in [32J, 32J + 32)); it sends the other half's 16 fp32 partials per
+//       thread, written into its own box J of the stage's k tile (8 KB, read by its DV
+//       alone and dead once its DV is complete), and reads the other's from box 1 - J
+//       after the barrier (B1). Thread ctid of either warpgroup holds the same fragment
+//       elements, so each adds what its namesake sent.
+//   dv2^T: each warpgroup rounds its half, stages it in sDv2 (stmatrix.trans, rows t of
+//       its half) and, after the barrier (B2), reads the other half back from sDv2 with
+//       ldmatrix.trans into WD's A fragment (the same registers the other one staged).
+//       Warpgroup 0's leader stores the whole dv2 tile.
+//
+// Each warpgroup stages and stores its own half of dh[chunk] (a [K/2 k, 64 v] box: the
+// host's dh map for this kernel; with state_v_first its [64 v, 64 k] box J), reads and
+// writes its K half of dht / dh0 and of exp2(gk), and zeroes its own boxes of q and w in a
+// packed batch's short chunk. do, shared, is prepared by all 256 threads (rows split).
+// Hazards of the reused buffers: k box J is written only after warpgroup J's DV is
+// complete, read by the other before it arrives on the stage's empty barrier, and the
+// generic writes are fenced (fence.proxy.async before B2) before the TMA refills the
+// stage. sDv2's half J is rewritten in chunk i + 1 after B1, which follows both the other
+// warpgroup's ldmatrix of chunk i and warpgroup 0's leader's wait for chunk i's dv2 store.
+template <int K, class T, bool SVF, int J>
+__device__ __forceinline__ void ksplit_consumers(const DhuParams& p, uint8_t* smem, uint32_t smem_u32,
+                                                 uint64_t* full_bar, uint64_t* empty_bar) {
+  static_assert(K == 128 && (J == 0 || J == 1), "the K split holds K = 128 as two 64-column halves");
+  using Map = SmemMap<K, 1>;
+  constexpr int KH = K / 2;           // state columns per warpgroup: one 64-wide box
+  constexpr int K0 = J * KH;          // this warpgroup's first K column
+  constexpr int BOX = BT * 128;       // bytes of one [64 t][64 k] box of k, q, w
+  constexpr int CONSUMERS = 2 * WG_THREADS;
+  constexpr int STAGES = Map::STAGES;
+  constexpr int NS = KH / 2;          // fp32 registers of b^T [64, KH] per thread
+  constexpr int NA = KH / 4;          // registers of bf16(b^T) as an A fragment
+  constexpr int ND = BT / 2;          // fp32 registers of DV^T [64, BT]
+  constexpr int MINE = 2 * J;         // first k-block (16 t) of this warpgroup's dv2 half
+  constexpr int THEIRS = 2 * (1 - J);
+  using OpDV = typename RsAtom<T, BT, GMMA::Major::K, GMMA::ScaleIn::One>::type;
+  using OpQD = typename SsAtom<T, KH>::type;
+  using OpWD = typename RsAtom<T, KH, GMMA::Major::MN, GMMA::ScaleIn::Neg>::type;
+
+  const int tid = threadIdx.x;  // 0..255
+  const int hv = blockIdx.y;
+  const bool varlen = p.flags & FLAG_VARLEN;
+  const bool use_g = p.flags & FLAG_G;
+  const bool use_gk = p.flags & FLAG_GK;
+  const int v0 = blockIdx.x * BV;
+  const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
+  if (!ext.ok) {
+    poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, v0, BV, tid, CONSUMERS);
+    return;
+  }
+  const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
+  const int NC = __shfl_sync(0xffffffffu, ext.nc, 0);
+  const int ctid = tid % WG_THREADS;
+  const bool leader = ctid == 0;
+  auto wg_sync = [&]() { named_sync(WG_THREADS, 1 + J); };
+  auto all_sync = [&]() { named_sync(CONSUMERS, ALL_CONSUMERS); };
+
+  const FragGeom fg(ctid);
+  const int warp = ctid >> 5, lane = ctid & 31;
+  const uint32_t lane_tr = SmGeom::trans_off(warp, lane);
+  const uint32_t sBh_u32 = smem_u32 + Map::BH_OFF + J * (Map::BH / 2);  // this half's dh box
+  const uint32_t sDv2_u32 = smem_u32 + Map::DV2_OFF;
+  const float scale = p.scale;
+
+  // Descriptors: DV's B is box J of k (N = t, K dim = this half's k), K-major; QD's and
+  // WD's B are box J of q / w (N = this half's k, K dim = t), MN-major; QD's A is do^T.
+  using LayoutKt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BT>, Int<KH>>{}));
+  using LayoutQt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<KH>, Int<BT>>{}, Step<_2, _1>{}));
+  using LayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<BV>, Int<BT>>{}));
+  auto mma_dv = make_tiled_mma(OpDV{});
+  auto mma_wd = make_tiled_mma(OpWD{});
+  auto mma_qd = make_tiled_mma(OpQD{});
+  auto thr_dv = mma_dv.get_thread_slice(ctid);
+  auto thr_wd = mma_wd.get_thread_slice(ctid);
+  auto thr_qd = mma_qd.get_thread_slice(ctid);
+  auto s_at = [&](int off) { return make_smem_ptr(reinterpret_cast<T*>(smem + off)); };
+  auto k_descs = [&](int stage) {
+    return thr_dv.make_fragment_B(
+        thr_dv.partition_B(make_tensor(s_at(stage * Map::STAGE + Map::K_OFF + J * BOX), LayoutKt{})));
+  };
+  auto do_descs = [&](int stage) {
+    return thr_qd.make_fragment_A(thr_qd.partition_A(make_tensor(s_at(stage * Map::STAGE + Map::DO_OFF), LayoutVt{})));
+  };
+  auto kt_descs = [&](auto& thr, int stage, int off) {
+    return thr.make_fragment_B(thr.partition_B(make_tensor(s_at(stage * Map::STAGE + off + J * BOX), LayoutQt{})));
+  };
+
+  float b[NS];            // b^T [64 v, this half's 64 k], fp32
+  float qd[NS];           // QD^T [64 v, this half's 64 k]
+  float dv[ND];           // DV^T [64 v, 64 t]: this half's partial, then (columns of MINE) the sum
+  uint32_t ab[NA];        // bf16(b^T): DV's A fragment, and this half of the dh checkpoint
+  uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment (both halves)
+
+  const int64_t nh = int64_t(ctaid_z()) * p.HV + hv;
+  auto state_at = [&](int v, int k) -> int64_t {
+    return SVF ? (nh * p.V + v0 + v) * K + k : (nh * K + k) * p.V + v0 + v;
+  };
+  CUTE_UNROLL
+  for (int e = 0; e < NS; e += 2) {
+    const int v = fg.row(e), k = K0 + fg.col(e);
+    float2 x = make_float2(0.f, 0.f);
+    if (p.flags & FLAG_DHT) {
+      if constexpr (SVF)
+        x = *reinterpret_cast<const float2*>(p.dht + state_at(v, k));
+      else
+        x = make_float2(p.dht[state_at(v, k)], p.dht[state_at(v, k + 1)]);
+    }
+    b[e] = x.x;
+    b[e + 1] = x.y;
+  }
+  auto store_dh0 = [&]() {
+    if (p.flags & FLAG_DH0) {
+      CUTE_UNROLL
+      for (int e = 0; e < NS; e += 2) {
+        const int v = fg.row(e), k = K0 + fg.col(e);
+        if constexpr (SVF) {
+          *reinterpret_cast<float2*>(p.dh0 + state_at(v, k)) = make_float2(b[e], b[e + 1]);
+        } else {
+          p.dh0[state_at(v, k)] = b[e];
+          p.dh0[state_at(v, k + 1)] = b[e + 1];
+        }
+      }
+    }
+  };
+  if (NC == 0) {
+    store_dh0();
+    return;
+  }
+
+  auto gate_at = [&](int stage) { return smem_u32 + Map::GATE_OFF + stage * G_LEN * 4; };
+  const int rows0 = int(min(int64_t(BT), len - int64_t(NC - 1) * BT));
+  const bool partial = varlen && rows0 < BT;
+
+  // Prologue: stage 0 full; a short chunk's rows past the sequence's end zeroed (do by all
+  // 256 threads, this half's boxes of q and w by this warpgroup), do weighted with g.
+  wait_bar(&full_bar[0], 0);
+  if (partial || use_g) {
+    prepare_do_rows<T, CONSUMERS>(smem_u32 + Map::DO_OFF, tid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
+    if (partial) {
+      for (int j = ctid; j < BT * 8; j += WG_THREADS) {
+        const int row = j >> 3;
+        if (row >= rows0) {
+          const uint32_t off = J * BOX + row * 128 + (j & 7) * 16;
+          st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+          st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
+        }
+      }
+    }
+    fence_proxy_async();
+    all_sync();
+  }
+  int s = 0;
+  uint32_t phase = 0;
+  for (int i = 0; i < NC; ++i) {
+    const int c = NC - 1 - i;
+    const int64_t chunk = boh + c;
+    const bool last = i + 1 == NC;
+    const bool part = partial && i == 0;
+    const int rows = part ? rows0 : BT;
+    const bool wrap = s + 1 == STAGES;
+    const int ns = wrap ? 0 : s + 1;
+    const uint32_t nphase = wrap ? phase ^ 1u : phase;
+    const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
+
+    CUTE_UNROLL
+    for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
+
+    // DV_J^T = bf16(b^T) [64 v, 64 k] . k^T [this half's 64 k, 64 t], from zero.
+    {
+      auto tB = k_descs(s);
+      fence_regs(ab);
+      fence_regs(dv);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < KH / 16; ++kb)
+        rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+      warpgroup_commit_batch();
+      fence_regs(dv);
+    }
+
+    // While DV runs: this half of dh[chunk] staged and stored (the leader's wait also
+    // covers warpgroup 0's dv2 store of chunk i - 1: sDv2 is rewritten after B1).
+    if (leader) tma_store_wait<0>();
+    wg_sync();
+    CUTE_UNROLL
+    for (int kb = 0; kb < KH / 16; ++kb) {
+      if constexpr (SVF)
+        stsm_x4(sBh_u32 + SmGeom::direct_off(warp, lane, kb), &ab[4 * kb]);
+      else
+        stsm_x4_trans(sBh_u32 + kb * 2048 + lane_tr, &ab[4 * kb]);
+    }
+    fence_proxy_async();
+    wg_sync();
+    if (leader) {
+      if constexpr (SVF)
+        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + J * (Map::BH / 2), K0, v0, hv, int(chunk));
+      else
+        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + J * (Map::BH / 2), v0, K0, hv, int(chunk));
+      tma_store_arrive();
+    }
+
+    // QD_J^T = do^T . q [t, this half's k], behind DV.
+    {
+      auto tA = do_descs(s);
+      auto tB = kt_descs(thr_qd, s, Map::Q_OFF);
+      fence_regs(qd);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt)
+        ss_mma<OpQD>(uint64_t(tA(0, 0, kt)), uint64_t(tB(0, 0, kt)), qd,
+                     kt == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+      warpgroup_commit_batch();
+      fence_regs(qd);
+    }
+    // dv^T of this half's t columns, in DV's accumulator order (packed).
+    uint32_t dvr[8];
+    CUTE_UNROLL
+    for (int u = 0; u < 2; ++u) ldsm_x4_trans(st_u32 + Map::DV_OFF + (MINE + u) * 2048 + lane_tr, &dvr[4 * u]);
+
+    // DV_J complete: its other half's columns to the other warpgroup (box J of k: dead
+    // now), B1, the other's partials of this half's columns added.
+    warpgroup_wait<1>();
+    fence_regs(dv);
+    {
+      const uint32_t xo = st_u32 + Map::K_OFF + J * BOX + ctid * 16;
+      CUTE_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        const int e = 8 * THEIRS + 4 * q;
+        st_shared_v4(xo + q * 2048, __float_as_uint(dv[e]), __float_as_uint(dv[e + 1]), __float_as_uint(dv[e + 2]),
+                     __float_as_uint(dv[e + 3]));
+      }
+    }
+    all_sync();  // B1
+    {
+      const uint32_t xi = st_u32 + Map::K_OFF + (1 - J) * BOX + ctid * 16;
+      CUTE_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        const uint4 x = ld_shared_v4(xi + q * 2048);
+        const int e = 8 * MINE + 4 * q;
+        dv[e] += __uint_as_float(x.x);
+        dv[e + 1] += __uint_as_float(x.y);
+        dv[e + 2] += __uint_as_float(x.z);
+        dv[e + 3] += __uint_as_float(x.w);
+      }
+    }
+    // dv2 of this half = gate . DV + dv, rounded; zero past the sequence's end.
+    {
+      const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
+      CUTE_UNROLL
+      for (int u = 0; u < 2; ++u) {
+        const int kt = MINE + u;
+        CUTE_UNROLL
+        for (int m = 0; m < 4; ++m) {
+          const float2 d = widen2<T>(dvr[4 * u + m]);
+          const int e = 8 * kt + 2 * m;
+          uint32_t r;
+          if (use_g) {
+            const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
+            r = pack2<T>(fmaf(dv[e], gt.x, d.x), fmaf(dv[e + 1], gt.y, d.y));
+          } else {
+            r = pack2<T>(dv[e] + d.x, dv[e + 1] + d.y);
+          }
+          adv2[4 * kt + m] = part ? mask_pair(r, fg.col(e), rows) : r;
+        }
+      }
+    }
+    // This half staged in sDv2; B2; the whole tile stored (warpgroup 0's leader; a short
+    // packed chunk's rows by plain stores, each warpgroup its half); the other half read
+    // back into WD's A fragment.
+    CUTE_UNROLL
+    for (int u = 0; u < 2; ++u) stsm_x4_trans(sDv2_u32 + (MINE + u) * 2048 + lane_tr, &adv2[4 * (MINE + u)]);
+    fence_proxy_async();
+    all_sync();  // B2
+    if (J == 0 && leader && !part) {
+      SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + Map::DV2_OFF, v0, hv, int(bos + int64_t(c) * BT),
+                              batch_row(p, ctaid_z()));
+      tma_store_arrive();
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < 2; ++u) ldsm_x4_trans(sDv2_u32 + (THEIRS + u) * 2048 + lane_tr, &adv2[4 * (THEIRS + u)]);
+    if (part) {
+      T* dv2_g = reinterpret_cast<T*>(p.dv2);
+      for (int j = ctid; j < 32 * 8; j += WG_THREADS) {
+        const int row = 32 * J + (j >> 3), ch = j & 7;
+        if (row < rows) {
+          const uint4 u = ld_shared_v4(sDv2_u32 + row * 128 + ((ch ^ (row & 7)) << 4));
+          const int64_t t = bos + int64_t(c) * BT + row;
+          *reinterpret_cast<uint4*>(dv2_g + (t * p.HV + hv) * p.V + v0 + ch * 8) = u;
+        }
+      }
+    }
+
+    // QD_J complete: b = decay . b + scale . QD_J.
+    warpgroup_wait<0>();
+    fence_regs(qd);
+    fence_regs(b);
+    if (use_gk) {
+      const uint32_t sd = smem_u32 + Map::DECAY_OFF + s * K * 4 + (K0 + fg.col0) * 4;
+      CUTE_UNROLL
+      for (int j = 0; j < NS / 4; ++j) {
+        const float2 d = ld_shared_f32x2(sd + 32 * j);
+        CUTE_UNROLL
+        for (int hh = 0; hh < 2; ++hh) {
+          const int e = 4 * j + 2 * hh;
+          b[e] = fmaf(scale, qd[e], d.x * b[e]);
+          b[e + 1] = fmaf(scale, qd[e + 1], d.y * b[e + 1]);
+        }
+      }
+    } else if (use_g) {
+      const float d = ld_shared_f32(gate_at(s) + G_DECAY * 4);
+      CUTE_UNROLL
+      for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], d * b[e]);
+    } else {
+      CUTE_UNROLL
+      for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
+    }
+
+    // b^T += -(dv2^T [64 v, 64 t] . w [t, this half's k])
+    {
+      auto tB = kt_descs(thr_wd, s, Map::W_OFF);
+      fence_regs(adv2);
+      fence_regs(b);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt)
+        rs_mma<OpWD>(&adv2[4 * kt], uint64_t(tB(0, 0, kt)), b, GMMA::ScaleOut::One);
+      warpgroup_commit_batch();
+      fence_regs(b);
+    }
+
+    // While WD runs: the next stage full and, with g, its do rows weighted (all 256
+    // threads), ordered before QD_{i+1} by the fence and the barrier.
+    if (!last) {
+      wait_bar(&full_bar[ns], nphase);
+      if (use_g) {
+        prepare_do_rows<T, CONSUMERS>(smem_u32 + ns * Map::STAGE + Map::DO_OFF, tid, true,
+                                      gate_at(ns) + G_WEIGHT * 4, BT);
+        fence_proxy_async();
+        all_sync();
+      }
+    }
+
+    warpgroup_wait<0>();
+    fence_regs(b);
+    arrive_bar(&empty_bar[s]);
+    phase = nphase;
+    s = ns;
+  }
+  store_dh0();
+  if (leader) tma_store_wait<0>();
+}
+
+template <int K, class T, int NWG, bool SVF, bool KSPLIT = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
+  static_assert(!KSPLIT || NWG == 1, "the K split shares one V tile between its two warpgroups");
   using Map = SmemMap<K, NWG>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
-  constexpr int CONSUMERS = NWG * WG_THREADS;
+  constexpr int CONSUMERS = (KSPLIT ? 2 : NWG) * WG_THREADS;
+  constexpr int THREADS = KSPLIT ? KSPLIT_THREADS : num_threads<NWG>();
   constexpr int STAGES = Map::STAGES;
   constexpr int NS = K / 2;           // fp32 registers of b^T [64, K] per thread
   constexpr int NA = K / 4;           // registers of bf16(b^T) as an A fragment
@@ -282,7 +643,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // 0's first bytes, free until the barrier below), kept in shared memory across the
   // role split (values live across it would spill in the producer's few registers).
   {
-    const SeqExtent e = sequence_extent<num_threads<NWG>()>(p, n, reinterpret_cast<int64_t*>(smem));
+    const SeqExtent e = sequence_extent<THREADS>(p, n, reinterpret_cast<int64_t*>(smem));
     if (tid == 0) e.store(smem + Map::EXT_OFF);
   }
   if (tid == 0) {
@@ -420,6 +781,13 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
 
   // -------------------------------------------------------------------- consumers
+  if constexpr (KSPLIT) {
+    if (tid < WG_THREADS)
+      ksplit_consumers<K, T, SVF, 0>(p, smem, smem_u32, full_bar, empty_bar);
+    else
+      ksplit_consumers<K, T, SVF, 1>(p, smem, smem_u32, full_bar, empty_bar);
+    return;
+  }
   if constexpr (NWG > 1) cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS_WG2>();
   const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
   if (!ext.ok) {
