@@ -8,9 +8,9 @@
 using namespace kda_dhu;
 
 template <int K, int NWG, class Map>
-void row(int threads, bool ksplit = false) {
-  std::printf("    Layout { k: %d, nwg: %d, ksplit: %s, stages: %d, threads: %d, smem_bytes: %d },\n", K, NWG,
-              ksplit ? "true" : "false", Map::STAGES, threads, Map::DYNAMIC_BYTES);
+void row(int threads) {
+  std::printf("    Layout { k: %d, nwg: %d, stages: %d, threads: %d, smem_bytes: %d },\n", K, NWG, Map::STAGES,
+              threads, Map::DYNAMIC_BYTES);
 }
 
 struct Sm100Stages {
@@ -28,12 +28,11 @@ int main() {
   std::printf("pub const WG_THREADS: u32 = %d;\n", WG_THREADS);
   std::printf("pub const SEQ_EXTENT_BYTES: u32 = %d;\n", SEQ_EXTENT_BYTES);
   std::printf("pub const SMEM_OPTIN_MAX_SM90: u32 = %d;\n", sm90::SMEM_OPTIN_MAX);
-  std::printf("pub const SM90: [Layout; 5] = [\n");
+  std::printf("pub const SM90: [Layout; 4] = [\n");
   row<64, 1, sm90_regstate::SmemMap<64, 1>>(sm90_regstate::num_threads<1>());
   row<128, 1, sm90_regstate::SmemMap<128, 1>>(sm90_regstate::num_threads<1>());
   row<64, 2, sm90_regstate::SmemMap<64, 2>>(sm90_regstate::num_threads<2>());
   row<128, 2, sm90_regstate::SmemMap<128, 2>>(sm90_regstate::num_threads<2>());
-  row<128, 1, sm90_regstate::SmemMap<128, 1>>(sm90_regstate::KSPLIT_THREADS, true);
   std::printf("];\n");
   std::printf("pub const SM100: [Layout; 2] = [\n");
   row<64, 1, Sm100Stages::Map<64>>(sm100::NUM_THREADS);

@@ -30,10 +30,6 @@ template <int K, int NWG> constexpr int num_stages() { return (K == 128) == (NWG
 // consumers: ptxas budgets a block in units of 4 warps, and 2 x 128 consumers need more
 // than 65536 / 384 registers each.
 template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 32 : (NWG + 1) * WG_THREADS; }
-// The K split (K = 128: two consumer warpgroups of one V tile, each holding half of K;
-// cuda/dhu_sm90_regstate.cuh's ksplit_consumers) + one producer warp, in the shared memory
-// map of one warpgroup (SmemMap<K, 1>).
-constexpr int KSPLIT_THREADS = 2 * WG_THREADS + 32;
 
 }  // namespace sm90
 
@@ -41,7 +37,6 @@ namespace sm90_regstate {
 
 using sm90::num_stages;
 using sm90::num_threads;
-using sm90::KSPLIT_THREADS;
 using sm90::SMEM_OPTIN_MAX;
 
 // Per stage, the gate vectors the producer writes (fp32): exp2(g[e-1] - g[t]) at

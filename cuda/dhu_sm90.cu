@@ -38,17 +38,3 @@ KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16_wg2_svf, 64, cutlass::bfloat16_t,
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_fp16_wg2_svf, 64, cutlass::half_t, 2, true)
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_bf16_wg2_svf, 128, cutlass::bfloat16_t, 2, true)
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_fp16_wg2_svf, 128, cutlass::half_t, 2, true)
-
-// The K split (slots 16-19: K = 128 x bf16 / fp16, then with state_v_first): two consumer
-// warpgroups share one V tile, each holding half of the state's K columns (the chain per
-// warpgroup carries half the products; ksplit_consumers in dhu_sm90_regstate.cuh).
-#define KDA_DHU_SM90_KSPLIT_ENTRY(NAME, T, SVF)                                         \
-  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::KSPLIT_THREADS, 1) \
-      NAME(const __grid_constant__ kda_dhu::DhuParams p) {                              \
-    kda_dhu::sm90_regstate::dhu_regstate_kernel<128, T, 1, SVF, true>(p);                \
-  }
-
-KDA_DHU_SM90_KSPLIT_ENTRY(kda_dhu_sm90_rs_k128_bf16_ksplit, cutlass::bfloat16_t, false)
-KDA_DHU_SM90_KSPLIT_ENTRY(kda_dhu_sm90_rs_k128_fp16_ksplit, cutlass::half_t, false)
-KDA_DHU_SM90_KSPLIT_ENTRY(kda_dhu_sm90_rs_k128_bf16_ksplit_svf, cutlass::bfloat16_t, true)
-KDA_DHU_SM90_KSPLIT_ENTRY(kda_dhu_sm90_rs_k128_fp16_ksplit_svf, cutlass::half_t, true)

@@ -11,14 +11,11 @@
 //!
 //! Python reads the same table through `kda_dhu._core.kernel_facts()`.
 
-/// One compiled kernel shape: head dim `k`, `nwg` consumer warpgroups each owning a V
-/// tile, or (`ksplit`, sm_90a, K = 128) two consumer warpgroups sharing one V tile, each
-/// holding half of K.
+/// One compiled kernel shape: head dim `k`, `nwg` consumer warpgroups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub k: u32,
     pub nwg: u32,
-    pub ksplit: bool,
     /// Stages of the TMA ring.
     pub stages: u32,
     /// Threads per CTA (`__launch_bounds__` of its entry points).
@@ -30,11 +27,11 @@ pub struct Layout {
 include!(concat!(env!("OUT_DIR"), "/kernel_facts.rs"));
 
 /// Threads per CTA of `table`'s kernels with `nwg` consumer warpgroups (every K has the
-/// same), K split or not; panics at compile time for a shape no entry point has.
-pub const fn threads(table: &[Layout], nwg: u32, ksplit: bool) -> u32 {
+/// same); panics at compile time for a count no entry point has.
+pub const fn threads(table: &[Layout], nwg: u32) -> u32 {
     let mut i = 0;
     while i < table.len() {
-        if table[i].nwg == nwg && table[i].ksplit == ksplit {
+        if table[i].nwg == nwg {
             return table[i].threads;
         }
         i += 1;
@@ -42,10 +39,10 @@ pub const fn threads(table: &[Layout], nwg: u32, ksplit: bool) -> u32 {
     panic!("no kernel with that many consumer warpgroups")
 }
 
-/// The layout of head dim `k` with `nwg` warpgroups (K split or not) in `table`; None for
-/// a shape that no entry point has.
-pub fn layout(table: &[Layout], k: u32, nwg: u32, ksplit: bool) -> Option<&Layout> {
-    table.iter().find(|l| l.k == k && l.nwg == nwg && l.ksplit == ksplit)
+/// The layout of head dim `k` with `nwg` warpgroups in `table`; None for a shape that no
+/// entry point has.
+pub fn layout(table: &[Layout], k: u32, nwg: u32) -> Option<&Layout> {
+    table.iter().find(|l| l.k == k && l.nwg == nwg)
 }
 
 #[cfg(test)]
@@ -56,7 +53,7 @@ mod tests {
     fn every_kernel_shape_has_one_layout_within_the_opt_in_maximum() {
         for table in [&SM90[..], &SM100[..]] {
             for l in table {
-                assert_eq!(layout(table, l.k, l.nwg, l.ksplit), Some(l));
+                assert_eq!(layout(table, l.k, l.nwg), Some(l));
                 assert!(l.smem_bytes <= SMEM_OPTIN_MAX_SM90, "{l:?}");
                 assert_eq!(l.threads % 32, 0, "{l:?}");
             }

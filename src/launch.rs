@@ -42,13 +42,8 @@ pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
         Arch::Sm90 => &facts::SM90,
         Arch::Sm100 => &facts::SM100,
     };
-    facts::layout(table, config.k, config.nwg, config.ksplit)
-        .unwrap_or_else(|| {
-            panic!(
-                "no entry point of {arch:?} has K = {} with {} warpgroups (K split: {})",
-                config.k, config.nwg, config.ksplit
-            )
-        })
+    facts::layout(table, config.k, config.nwg)
+        .unwrap_or_else(|| panic!("no entry point of {arch:?} has K = {} with {} warpgroups", config.k, config.nwg))
         .smem_bytes
 }
 
@@ -724,7 +719,6 @@ pub fn launch_params(
         nt: nt as u64,
         dtype: config.dtype,
         svf: config.svf,
-        ksplit: config.ksplit,
     };
     let ptrs = TmaPointers {
         q: args.q.ptr,
@@ -854,7 +848,6 @@ mod tests {
             grid: [2, 8, 2],
             nwg: 1,
             svf: false,
-            ksplit: false,
         };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
@@ -884,7 +877,6 @@ mod tests {
             grid: [1, 4, 3],
             nwg: 1,
             svf: false,
-            ksplit: false,
         };
         let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
         assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t, p.n), (0x40, 0, 17, 1000, 3));
@@ -1046,8 +1038,7 @@ mod tests {
             std::hint::black_box(fill_scalars(&pc.args, &o, &pc.desc, &config, nt).unwrap());
         });
         let cache: TmaCache = std::sync::Mutex::new(Lru::new(64));
-        let shape =
-            TmaShape { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, nt: 1, dtype: DType::BF16, svf: false, ksplit: false };
+        let shape = TmaShape { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, nt: 1, dtype: DType::BF16, svf: false };
         let mut ptrs =
             TmaPointers { q: 0x1000, k: 0x2000, w: 0x3000, do_: 0x4000, dv: 0x5000, dv2: 0x6000, dh: 0x7000 };
         for t in 1..64 {
@@ -1096,11 +1087,8 @@ mod tests {
         }
         // The ring is 3 stages deep where shared memory allows (K = 128 with one warpgroup,
         // K = 64 with two), else 2.
-        let stages: Vec<_> = facts::SM90.iter().map(|l| (l.k, l.nwg, l.ksplit, l.stages)).collect();
-        assert_eq!(
-            stages,
-            [(64, 1, false, 2), (128, 1, false, 3), (64, 2, false, 3), (128, 2, false, 2), (128, 1, true, 3)]
-        );
+        let stages: Vec<_> = facts::SM90.iter().map(|l| (l.k, l.nwg, l.stages)).collect();
+        assert_eq!(stages, [(64, 1, 2), (128, 1, 3), (64, 2, 3), (128, 2, 2)]);
     }
 
     /// Driver answers for `load_kernels`: what cuModuleLoadData returns, which entry point

@@ -767,7 +767,7 @@ fn force() -> PyResult<Option<&'static str>> {
 
 /// Kernel launches of this process so far (every route), for tests and benchmarks.
 /// The kernels' numbers (cuda/dhu_layout.h, their one owner): {"BT", "BV", "WG_THREADS",
-/// "SMEM_OPTIN_MAX_SM90": int, "sm90" / "sm100": [{"k", "nwg", "ksplit",
+/// "SMEM_OPTIN_MAX_SM90": int, "sm90" / "sm100": [{"k", "nwg",
 /// "stages", "threads", "smem_bytes"}, ...]}.
 #[pyfunction]
 fn kernel_facts(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -782,7 +782,6 @@ fn kernel_facts(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
             let r = pyo3::types::PyDict::new(py);
             r.set_item("k", l.k)?;
             r.set_item("nwg", l.nwg)?;
-            r.set_item("ksplit", l.ksplit)?;
             r.set_item("stages", l.stages)?;
             r.set_item("threads", l.threads)?;
             r.set_item("smem_bytes", l.smem_bytes)?;

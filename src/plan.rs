@@ -77,16 +77,13 @@ fn clause_notes(clauses: &[PolicyClause], dev: &DeviceInfo) -> Vec<(PolicyClause
 /// CUDA grid limits on gridDim.y (HV) and gridDim.z (N).
 pub const MAX_GRID_YZ: i64 = 65535;
 /// Threads per CTA of the Hopper kernel (one producer warp + one consumer warpgroup).
-pub const BLOCK_THREADS_SM90: u32 = facts::threads(&facts::SM90, 1, false);
+pub const BLOCK_THREADS_SM90: u32 = facts::threads(&facts::SM90, 1);
 /// Threads per CTA of the sm_90a kernel with two consumer warpgroups (`_wg2`: 128 V
 /// columns of one head per CTA): 2 x 128 consumers + a producer warpgroup.
-pub const BLOCK_THREADS_SM90_WG2: u32 = facts::threads(&facts::SM90, 2, false);
-/// Threads per CTA of the sm_90a K split (`_ksplit`: two consumer warpgroups share one V
-/// tile, each holding half of K = 128) + a producer warp.
-pub const BLOCK_THREADS_SM90_KSPLIT: u32 = facts::threads(&facts::SM90, 1, true);
+pub const BLOCK_THREADS_SM90_WG2: u32 = facts::threads(&facts::SM90, 2);
 /// Threads per CTA of the Blackwell kernel (TMA warp, MMA warp, two idle warps, the
 /// recurrence warpgroup: warps 4-7).
-pub const BLOCK_THREADS_SM100: u32 = facts::threads(&facts::SM100, 1, false);
+pub const BLOCK_THREADS_SM100: u32 = facts::threads(&facts::SM100, 1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
@@ -198,16 +195,12 @@ pub struct KernelConfig {
     pub nwg: u32,
     /// state_v_first (sm_90a): dh, dht, h0, dh0 are [.., V, K].
     pub svf: bool,
-    /// The K split (sm_90a, K = 128, nwg 1): two consumer warpgroups share the CTA's V
-    /// tile, each holding half of the state's K columns; dh's TMA box is K / 2 rows.
-    pub ksplit: bool,
 }
 
 /// The sm_90a image's entry points (cuda/dhu_sm90.cu; the kernel, the state held in
 /// registers, is cuda/dhu_sm90_regstate.cuh) in slot order: k64/k128 x bf16/fp16, then the
-/// same with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`), then the
-/// K split (`_ksplit`, K = 128: bf16, fp16, then those with state_v_first).
-const SM90_ENTRIES: [&str; 20] = [
+/// same with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`).
+const SM90_ENTRIES: [&str; 16] = [
     "kda_dhu_sm90_rs_k64_bf16",
     "kda_dhu_sm90_rs_k64_fp16",
     "kda_dhu_sm90_rs_k128_bf16",
@@ -224,10 +217,6 @@ const SM90_ENTRIES: [&str; 20] = [
     "kda_dhu_sm90_rs_k64_fp16_wg2_svf",
     "kda_dhu_sm90_rs_k128_bf16_wg2_svf",
     "kda_dhu_sm90_rs_k128_fp16_wg2_svf",
-    "kda_dhu_sm90_rs_k128_bf16_ksplit",
-    "kda_dhu_sm90_rs_k128_fp16_ksplit",
-    "kda_dhu_sm90_rs_k128_bf16_ksplit_svf",
-    "kda_dhu_sm90_rs_k128_fp16_ksplit_svf",
 ];
 /// The sm_100a image's (one kernel shape, [K, V] states).
 const SM100_ENTRIES: [&str; 4] =
@@ -252,26 +241,15 @@ impl KernelConfig {
         let mut configs = Vec::new();
         for &(svf, nwg) in shapes {
             for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf, ksplit: false });
-            }
-        }
-        if arch == Arch::Sm90 {
-            for svf in [false, true] {
-                for dtype in [DType::BF16, DType::F16] {
-                    configs.push(KernelConfig { k: 128, dtype, flags: 0, grid: [1, 1, 1], nwg: 1, svf, ksplit: true });
-                }
+                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf });
             }
         }
         configs
     }
 
     /// Index into a per-arch table of the entry points (k64/k128 × bf16/fp16, then the
-    /// same four with two warpgroups, then those eight with state_v_first, then the K
-    /// split's four: K = 128 bf16 / fp16, then with state_v_first).
+    /// same four with two warpgroups, then those eight with state_v_first).
     pub fn slot(&self) -> usize {
-        if self.ksplit {
-            return 16 + usize::from(self.dtype != DType::BF16) + if self.svf { 2 } else { 0 };
-        }
         (if self.k == 64 { 0 } else { 2 })
             + usize::from(self.dtype != DType::BF16)
             + if self.nwg == 2 { 4 } else { 0 }
@@ -280,11 +258,7 @@ impl KernelConfig {
 
     /// Threads per CTA.
     pub fn block_threads(&self, arch: Arch) -> u32 {
-        if self.ksplit {
-            BLOCK_THREADS_SM90_KSPLIT
-        } else {
-            arch.block_threads_for(self.nwg)
-        }
+        arch.block_threads_for(self.nwg)
     }
 }
 
@@ -450,8 +424,7 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_OFFSETS_I32;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
-    let ksplit = k_split(desc, arch, crate::env::sm90_ksplit());
-    let nwg = if ksplit { 1 } else { warpgroups(desc, dev, arch, sm90_nwg_override()) };
+    let nwg = warpgroups(desc, dev, arch, sm90_nwg_override());
     Plan::Kernel {
         arch,
         config: KernelConfig {
@@ -461,16 +434,8 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
             grid: [(d.v / (BV * i64::from(nwg))) as u32, d.hv as u32, d.n as u32],
             nwg,
             svf: desc.state_v_first,
-            ksplit,
         },
     }
-}
-
-/// The K split on sm_90a (two consumer warpgroups per V tile, each holding half of K):
-/// K = 128 only, and only where `KDA_DHU_SM90_KSPLIT` asks for it (a variant under
-/// measurement: benches/NOTES.md, "The K split").
-pub fn k_split(desc: &CallDesc, arch: Arch, switch: bool) -> bool {
-    arch == Arch::Sm90 && desc.dims.k == 128 && switch
 }
 
 /// Consumer warpgroups per CTA on sm_90a. Two (one CTA per 128 V columns of a head: k, q,
@@ -1048,21 +1013,8 @@ mod tests {
     }
 
     #[test]
-    fn k_split_only_on_sm90_at_k128_when_asked() {
-        let d = base();
-        assert_eq!(d.dims.k, 128);
-        assert!(k_split(&d, Arch::Sm90, true));
-        assert!(!k_split(&d, Arch::Sm90, false), "off unless the switch asks");
-        assert!(!k_split(&d, Arch::Sm100, true));
-        let mut d64 = base();
-        d64.dims.k = 64;
-        assert!(!k_split(&d64, Arch::Sm90, true));
-    }
-
-    #[test]
     fn entry_points_and_slots() {
-        let mut c =
-            KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false, ksplit: false };
+        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false };
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {
@@ -1110,24 +1062,6 @@ mod tests {
                 assert_eq!((c.slot(), c.entry_point(Arch::Sm90)), (first + i, name.as_str()));
             }
         }
-        // The K split: K = 128 only, slots 16-19, 2 x 128 consumers + a producer warp.
-        let split: Vec<_> = [(false, DType::BF16), (false, DType::F16), (true, DType::BF16), (true, DType::F16)]
-            .into_iter()
-            .map(|(svf, dt)| {
-                let c = KernelConfig { k: 128, dtype: dt, nwg: 1, svf, ksplit: true, ..c };
-                assert_eq!(c.block_threads(Arch::Sm90), 288);
-                (c.slot(), c.entry_point(Arch::Sm90))
-            })
-            .collect();
-        assert_eq!(
-            split,
-            vec![
-                (16, "kda_dhu_sm90_rs_k128_bf16_ksplit"),
-                (17, "kda_dhu_sm90_rs_k128_fp16_ksplit"),
-                (18, "kda_dhu_sm90_rs_k128_bf16_ksplit_svf"),
-                (19, "kda_dhu_sm90_rs_k128_fp16_ksplit_svf")
-            ]
-        );
         let all = KernelConfig::all(Arch::Sm90);
         assert_eq!(all.len(), MAX_SLOTS);
         assert!(all.iter().enumerate().all(|(i, c)| c.slot() == i));

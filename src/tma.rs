@@ -62,9 +62,6 @@ pub struct TmaShape {
     pub dtype: DType,
     /// state_v_first: dh is [B, NT, HV, V, K].
     pub svf: bool,
-    /// The K split's kernel: each of its two warpgroups stores its own K / 2 rows of a
-    /// [K, V] dh checkpoint (with state_v_first the boxes are 64 x 64 either way).
-    pub ksplit: bool,
 }
 
 /// Device addresses of the tensors behind the maps.
@@ -114,11 +111,9 @@ fn token_major(
 pub fn dhu_specs(s: &TmaShape, p: &TmaPointers) -> Result<[TmaSpec; 7]> {
     let dt = tma_dtype(s.dtype)?;
     let e = s.dtype.size_bytes();
-    // dh is [B*NT, HV, K, V] (one box of 64 v x K k per store; the K split stores two of
-    // 64 v x K/2 k) or, with state_v_first, [B*NT, HV, V, K] (boxes of 64 k x 64 v: the
-    // kernel stores K / 64 of them).
-    let k_rows = if s.ksplit { s.k / 2 } else { s.k };
-    let (inner, outer, box_outer) = if s.svf { (s.k, s.v, BOX_ROWS) } else { (s.v, s.k, k_rows as u32) };
+    // dh is [B*NT, HV, K, V] (one box of 64 v x K k per store) or, with state_v_first,
+    // [B*NT, HV, V, K] (boxes of 64 k x 64 v: the kernel stores K / 64 of them).
+    let (inner, outer, box_outer) = if s.svf { (s.k, s.v, BOX_ROWS) } else { (s.v, s.k, s.k as u32) };
     let dh = TmaSpec {
         tensor: "dh",
         dtype: dt,
@@ -440,7 +435,7 @@ mod tests {
     use super::*;
 
     fn shape(k: u64, v: u64) -> TmaShape {
-        TmaShape { b: 2, t: 1000, h: 4, hv: 8, k, v, nt: 16, dtype: DType::BF16, svf: false, ksplit: false }
+        TmaShape { b: 2, t: 1000, h: 4, hv: 8, k, v, nt: 16, dtype: DType::BF16, svf: false }
     }
 
     fn ptrs() -> TmaPointers {
@@ -490,22 +485,6 @@ mod tests {
         assert_eq!(kv[6].dims, [192, 128, 8, 32]);
         assert_eq!(kv[6].strides[1], s[6].strides[1]);
         assert_eq!(s[..6], kv[..6]);
-    }
-
-    #[test]
-    fn the_k_split_stores_half_of_k_per_dh_box() {
-        // [K, V] dh: each warpgroup stores a (64 v, K / 2 k) box; with state_v_first the
-        // boxes are (64 k, 64 v) either way.
-        let mut sh = shape(128, 128);
-        sh.ksplit = true;
-        let s = dhu_specs(&sh, &ptrs()).unwrap();
-        assert_eq!(s[6].box_dim, [64, 64, 1, 1]);
-        assert_eq!(s[6].dims, [128, 128, 8, 32]);
-        sh.svf = true;
-        assert_eq!(dhu_specs(&sh, &ptrs()).unwrap()[6].box_dim, [64, 64, 1, 1]);
-        // The token-major maps do not change.
-        let plain = dhu_specs(&shape(128, 128), &ptrs()).unwrap();
-        assert_eq!(s[..6], plain[..6]);
     }
 
     #[test]

@@ -133,18 +133,6 @@ CASES = [
         "rs_svf_wg2_tail_g_k64",
         dict(B=2, T=100, H=2, HV=2, K=64, V=128, gate="g", state_v_first=True, nwg=2),
     ),
-    # The K split (KDA_DHU_SM90_KSPLIT=1, K = 128): its two warpgroups' exchange through
-    # the stage's k boxes and sDv2, each half's dh box, the shared do rows.
-    ("ksplit_envelope", dict(B=2, T=192, H=2, HV=2, K=128, V=128, gate="gk", ksplit=True)),
-    (
-        "ksplit_varlen_padded_g",
-        dict(B=1, T=320, H=2, HV=2, K=128, V=64, gate="g", varlen_lengths=[1, 63, 65, 0, 7, 100], ksplit=True,
-             tables=torch.int32),
-    ),
-    (
-        "ksplit_svf_tail_none",
-        dict(B=2, T=130, H=1, HV=2, K=128, V=64, gate=None, state_v_first=True, ksplit=True),
-    ),
 ]  # fmt: skip
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -158,17 +146,12 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     spec = dict(spec)
     dtype = spec.pop("dtype", torch.bfloat16)
     nwg = spec.pop("nwg", None)
-    ksplit = spec.pop("ksplit", False)
     tables = spec.pop("tables", None)
     layouts = spec.pop("layouts", {})
     if nwg is None:
         os.environ.pop("KDA_DHU_SM90_NWG", None)
     else:
         os.environ["KDA_DHU_SM90_NWG"] = str(nwg)
-    if ksplit:
-        os.environ["KDA_DHU_SM90_KSPLIT"] = "1"
-    else:
-        os.environ.pop("KDA_DHU_SM90_KSPLIT", None)
     a = make_inputs(dtype=dtype, device="cuda", generator=gen, **spec)
     if tables is not None:
         cu = a["cu_seqlens"].to(tables)

@@ -36,20 +36,9 @@ def test_every_kernel_shape_fits():
         for r in rows:
             assert 0 < r["smem_bytes"] <= facts["SMEM_OPTIN_MAX_SM90"], (family, r)
             assert r["threads"] % 32 == 0 and r["stages"] >= 2, (family, r)
-    key = lambda r: (r["k"], r["nwg"], r["ksplit"])  # noqa: E731
-    assert sorted(key(r) for r in facts["sm90"]) == [
-        (64, 1, False),
-        (64, 2, False),
-        (128, 1, False),
-        (128, 1, True),
-        (128, 2, False),
-    ]
-    threads = {(r["nwg"], r["ksplit"]): r["threads"] for r in facts["sm90"]}
-    assert threads == {(1, False): 160, (2, False): 384, (1, True): 288}
-    # The K split runs in the one-warpgroup kernel's shared-memory map.
-    by_key = {key(r): r for r in facts["sm90"]}
-    assert by_key[(128, 1, True)]["smem_bytes"] == by_key[(128, 1, False)]["smem_bytes"]
-    assert not any(r["ksplit"] for r in facts["sm100"])
+    key = lambda r: (r["k"], r["nwg"])  # noqa: E731
+    assert sorted(key(r) for r in facts["sm90"]) == [(64, 1), (64, 2), (128, 1), (128, 2)]
+    assert {r["nwg"]: r["threads"] for r in facts["sm90"]} == {1: 160, 2: 384}
 
 
 def test_the_chunk_length_is_fla_s_default_chunk_size():

@@ -1,7 +1,7 @@
 """The Hopper kernel (cuda/dhu_sm90_regstate.cuh: the state held in registers) is in the
 installed extension (CPU-only checks).
 
-That each of its twenty entry points is a function of the embedded sm_90a image is
+That each of its sixteen entry points is a function of the embedded sm_90a image is
 checked by the Rust test `kernels::tests::sm90_images_hold_the_sm90a_kernels` (it
 walks `KernelConfig::all`, which lists them); the planner's plans by
 `plan::tests::every_kernel_plan_names_an_entry_point_of_its_image`. The fragment geometry
@@ -20,27 +20,24 @@ from kda_dhu import _core
 
 REPO = REPO_ROOT
 
-# One and two V-tile warpgroups at K = 64 / 128, and the K split (two warpgroups on one V
-# tile, K = 128 only), each in bf16 / fp16 and [K, V] / state_v_first.
 RS_ENTRY_POINTS = [
     f"kda_dhu_sm90_rs_k{k}_{dt}{wg}{svf}"
     for svf in ("", "_svf")
     for wg in ("", "_wg2")
     for k in (64, 128)
     for dt in ("bf16", "fp16")
-] + [f"kda_dhu_sm90_rs_k128_{dt}_ksplit{svf}" for svf in ("", "_svf") for dt in ("bf16", "fp16")]
+]
 
 
-def test_twenty_register_state_entry_points():
-    assert len(set(RS_ENTRY_POINTS)) == 20
+def test_sixteen_register_state_entry_points():
+    assert len(set(RS_ENTRY_POINTS)) == 16
 
 
 def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
     """build.rs fails on a spill; a stack frame would mean local memory in the chain.
     One warpgroup: the state, QD and DV accumulators and bf16(b) need > 200 registers at
     K = 128 (<= 255, and K = 64 keeps two CTAs per SM: <= 204); two warpgroups report
-    the launch's 168 (setmaxnreg gives the consumers 240); the K split holds half the
-    state per warpgroup (about 160, <= 224: 288 threads x 224 fit the register file)."""
+    the launch's 168 (setmaxnreg gives the consumers 240)."""
     info = _core.build_info()
     for name in RS_ENTRY_POINTS:
         line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
@@ -52,8 +49,6 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
         assert stack == 0, line
         if "_wg2" in name:
             assert regs == 168, line
-        elif "_ksplit" in name:
-            assert 128 <= regs <= 224, line
         elif "_k64_" in name:
             assert 64 <= regs <= 204, line
         else:
