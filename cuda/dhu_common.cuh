@@ -142,6 +142,8 @@ __device__ __forceinline__ int batch_row(const DhuParams& p, int n) { return (p.
 // One CTA's sequence: tokens [bos, bos + len) of batch row b_row, dh chunk rows
 // [boh, boh + nc). ok = false: the sequence's cu_seqlens / chunk_offsets entries failed
 // a check (src/varlen.rs lists them); the CTA must only poison_sequence and return.
+// A segment of a sequence split (seg_chunks > 0) is a sequence of its own: its tokens,
+// its dh rows.
 struct SeqExtent {
   int64_t bos;
   int64_t len;
@@ -215,11 +217,20 @@ __device__ __forceinline__ SeqExtent sequence_extent(const DhuParams& p, int n, 
   static_assert(NTHREADS % 32 == 0 && NTHREADS <= 1024, "whole warps");
   SeqExtent e;
   if (!(p.flags & FLAG_VARLEN)) {
-    e.bos = 0;
-    e.len = p.T;
-    e.boh = int64_t(n) * p.NT;
+    if (p.seg_chunks > 0) {
+      // Segment seg_first + blockIdx.y / HV of row n: seg_chunks chunks (the last segment
+      // up to T; the planner makes every segment non-empty).
+      const int64_t c0 = int64_t(p.seg_first + int(blockIdx.y) / p.HV) * p.seg_chunks;
+      e.bos = c0 * BT;
+      e.len = min(int64_t(p.seg_chunks) * BT, p.T - e.bos);
+      e.boh = int64_t(n) * p.NT + c0;
+    } else {
+      e.bos = 0;
+      e.len = p.T;
+      e.boh = int64_t(n) * p.NT;
+    }
     e.b_row = batch_row(p, n);
-    e.nc = int(chunks_of(p.T));
+    e.nc = int(chunks_of(e.len));
     e.ok = true;
     return e;
   }

@@ -4,6 +4,10 @@
 //
 // Grid: blockIdx.x = V tile (BV = 64 columns of V), blockIdx.y = value head hv,
 //       blockIdx.z = sequence n (batch index b without cu_seqlens).
+// A sequence split (seg_chunks > 0, dense batches, sm_90a): blockIdx.y = j * HV + hv runs
+// segment seg_first + j of batch row blockIdx.z, the chunks [s * seg_chunks, (s + 1) *
+// seg_chunks) of that row; the passes and their buffers: src/split.rs (DESIGN.md, "The
+// state scan as an affine map").
 //
 // Tensor maps (built on the host with cuTensorMapEncodeTiled, 128-byte swizzle,
 // 16-bit elements, dims listed innermost first):
@@ -88,6 +92,8 @@ struct alignas(128) DhuParams {
   uint32_t flags;                 // DhuFlags
   DhuError* error;                // device address of the host-mapped error record, or null
   int32_t N;                      // sequences: B, or len(cu_seqlens) - 1
+  int32_t seg_chunks;             // chunks per segment of a sequence split, or 0 (no split)
+  int32_t seg_first;              // the segment that blockIdx.y = hv (j = 0) runs
 };
 
 }  // namespace kda_dhu

@@ -10,16 +10,30 @@
 #include <stdint.h>
 
 #include "dhu_params.h"
+#include "dhu_seg_merge.cuh"
 #include "dhu_sm90_regstate.cuh"
 
 // Entry points, in the slot order of src/plan.rs (SM90_ENTRIES): K 64 / 128 x bf16 / fp16,
 // then the same with two warpgroups per CTA (`_wg2`: the 128 V columns of one head share the
 // stage's k, q, w loads, two independent chains per SM), then those eight with
-// state_v_first (`_svf`: dh, dht, dh0 are [.., V, K]; h0 only decides dh0).
+// state_v_first (`_svf`: dh, dht, dh0 are [.., V, K]; h0 only decides dh0). Then a sequence
+// split's kernels (src/split.rs; SPLIT_ENTRIES there): its first pass (`_sum`: the kernel with
+// V widened by K identity columns, one warpgroup, [K, V] and [V, K] states), and the merge of
+// its boundary states (K 64 / 128).
 #define KDA_DHU_SM90_RS_ENTRY(NAME, K, T, NWG, SVF)                                          \
   extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::num_threads<NWG>(), 1) \
       NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                   \
     kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, NWG, SVF>(p);                           \
+  }
+#define KDA_DHU_SM90_SUM_ENTRY(NAME, K, T, SVF)                                             \
+  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::num_threads<1>(), 1) \
+      NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                 \
+    kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, 1, SVF, true>(p);                     \
+  }
+#define KDA_DHU_SEG_MERGE_ENTRY(NAME, K)                                                              \
+  extern "C" __global__ void __launch_bounds__(2 * K, 1)                                               \
+      NAME(const float* u, float* x, int s1, int HV, int V, int svf) {                                \
+    kda_dhu::seg_merge::seg_merge_kernel<K>(u, x, s1, HV, V, svf);                                     \
   }
 
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16, 64, cutlass::bfloat16_t, 1, false)
@@ -38,3 +52,13 @@ KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16_wg2_svf, 64, cutlass::bfloat16_t,
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_fp16_wg2_svf, 64, cutlass::half_t, 2, true)
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_bf16_wg2_svf, 128, cutlass::bfloat16_t, 2, true)
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k128_fp16_wg2_svf, 128, cutlass::half_t, 2, true)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k64_bf16_sum, 64, cutlass::bfloat16_t, false)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k64_fp16_sum, 64, cutlass::half_t, false)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_bf16_sum, 128, cutlass::bfloat16_t, false)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_fp16_sum, 128, cutlass::half_t, false)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k64_bf16_sum_svf, 64, cutlass::bfloat16_t, true)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k64_fp16_sum_svf, 64, cutlass::half_t, true)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_bf16_sum_svf, 128, cutlass::bfloat16_t, true)
+KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_fp16_sum_svf, 128, cutlass::half_t, true)
+KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k64, 64)
+KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k128, 128)

@@ -248,8 +248,16 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
   }
 }
 
-template <int K, class T, int NWG, bool SVF>
+// SUMMARY: the first pass of a sequence split (src/split.rs; NWG = 1). The launch runs
+// segments seg_first + j, j = blockIdx.y / HV, with V widened by K columns: blockIdx.x
+// < V / 64 are V tiles, the others identity tiles (columns of P_s). The newest segment of
+// the launch runs as usual from dht and stores dh and dv2 (its identity tiles exit); the
+// others store nothing but their last state: from b = 0 (V tiles: u_s) and from b = I
+// (identity tiles, whose do, dv and q read as zeros: P_s, the product of the segment's
+// A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
+template <int K, class T, int NWG, bool SVF, bool SUMMARY = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
+  static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
   using Map = SmemMap<K, NWG>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
@@ -271,8 +279,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint64_t* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x;
-  const int hv = blockIdx.y;
+  // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs).
+  const int seg = int(blockIdx.y) / p.HV;
+  const int hv = int(blockIdx.y) - seg * p.HV;
   const int n = blockIdx.z;
+  // SUMMARY: whether this CTA runs the launch's newest segment (with outputs), and whether
+  // its tile is an identity tile (past V).
+  const bool newest = SUMMARY && seg + 1 == int(gridDim.y) / p.HV;
+  const bool ident = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
+  if (newest && ident) return;
   const int h = hv / (p.HV / p.H);
   const bool varlen = p.flags & FLAG_VARLEN;
   const bool use_g = p.flags & FLAG_G;
@@ -309,7 +324,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const int b_row = ext.b_row, NC = ext.nc;
     const int lane = tid - CONSUMERS;
     constexpr int KPL = K / 32;  // gk values per lane
-    const uint32_t tx_bytes = uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
+    // An identity tile loads k and w only.
+    const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
+    const uint32_t tx_bytes = ident_p ? uint32_t(2 * Map::KTILE) : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
@@ -369,11 +386,13 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           const int t0 = bos + c * BT;
           for (int kb = 0; kb < KB; ++kb) {
             SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-            SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+            if (!ident_p)
+              SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0,
+                                     b_row);
             SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0,
                                    b_row);
           }
-          for (int wg = 0; wg < NWG; ++wg) {
+          for (int wg = 0; wg < NWG && !ident_p; ++wg) {
             const int v0 = (blockIdx.x * NWG + wg) * BV;
             SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
             SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
@@ -433,7 +452,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int NC = __shfl_sync(0xffffffffu, ext.nc, 0);
   const int wg = tid / WG_THREADS;
   const int ctid = tid % WG_THREADS;
-  const bool leader = ctid == 0;  // issues the warpgroup's TMA stores
+  // Issues the warpgroup's TMA stores; a split's summary CTA stores none.
+  const bool leader = ctid == 0 && (!SUMMARY || newest);
   const int v0 = (blockIdx.x * NWG + wg) * BV;
   auto wg_sync = [&]() { named_sync(WG_THREADS, 1 + wg); };
 
@@ -477,37 +497,52 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint32_t ab[NA];    // bf16(b^T): DV's A fragment, and the dh checkpoint
   uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment, and the dv2 tile
 
-  // (sequence, value head) for dht / dh0 (blockIdx.z afresh: see ctaid_z).
-  const int64_t nh = int64_t(ctaid_z()) * p.HV + hv;
+  // (sequence, value head) of the state read (dht) and of the state written (dh0)
+  // (blockIdx.z afresh: see ctaid_z). Without a split both are n * HV + hv. A split's
+  // second pass reads its boundary states at blockIdx.y's place and writes dh0 from
+  // segment 0 only; its first pass reads the caller's dht and writes every CTA's last
+  // state to its [.., K, V + K] buffer at blockIdx.y's place.
+  const int64_t nh_row = int64_t(ctaid_z()) * p.HV + hv;
+  const int64_t nh_grid = int64_t(ctaid_z()) * gridDim.y + blockIdx.y;
+  const int64_t nh_in = SUMMARY ? nh_row : nh_grid;
+  const int64_t nh_out = SUMMARY ? nh_grid : nh_row;
+  const int VO = SUMMARY ? p.V + K : p.V;  // columns of the state written
   // Element (v, k) of this warpgroup's slice of dht / dh0: [K, V], or [V, K] with SVF.
-  auto state_at = [&](int v, int k) -> int64_t {
-    return SVF ? (nh * p.V + v0 + v) * K + k : (nh * K + k) * p.V + v0 + v;
+  auto state_in = [&](int v, int k) -> int64_t {
+    return SVF ? (nh_in * p.V + v0 + v) * K + k : (nh_in * K + k) * p.V + v0 + v;
+  };
+  auto state_out = [&](int v, int k) -> int64_t {
+    return SVF ? (nh_out * VO + v0 + v) * K + k : (nh_out * K + k) * VO + v0 + v;
   };
   CUTE_UNROLL
   for (int e = 0; e < NS; e += 2) {
     const int v = fg.row(e), k = fg.col(e);
     float2 x = make_float2(0.f, 0.f);
-    if (p.flags & FLAG_DHT) {
+    if (SUMMARY && !newest) {
+      // u_s from zero; P_s from the identity: column v0 + v - V of P is e_{v0 + v - V}.
+      const int m = v0 + v - p.V;
+      if (ident) x = make_float2(k == m ? 1.f : 0.f, k + 1 == m ? 1.f : 0.f);
+    } else if (p.flags & FLAG_DHT) {
       if constexpr (SVF)
-        x = *reinterpret_cast<const float2*>(p.dht + state_at(v, k));
+        x = *reinterpret_cast<const float2*>(p.dht + state_in(v, k));
       else
-        x = make_float2(p.dht[state_at(v, k)], p.dht[state_at(v, k + 1)]);
+        x = make_float2(p.dht[state_in(v, k)], p.dht[state_in(v, k + 1)]);
     }
     b[e] = x.x;
     b[e + 1] = x.y;
   }
 
-  // dh0 = b after the oldest chunk.
+  // dh0 = b after the oldest chunk (a split: see nh_out).
   auto store_dh0 = [&]() {
-    if (p.flags & FLAG_DH0) {
+    if (SUMMARY || ((p.flags & FLAG_DH0) && seg == 0)) {
       CUTE_UNROLL
       for (int e = 0; e < NS; e += 2) {
         const int v = fg.row(e), k = fg.col(e);
         if constexpr (SVF) {
-          *reinterpret_cast<float2*>(p.dh0 + state_at(v, k)) = make_float2(b[e], b[e + 1]);
+          *reinterpret_cast<float2*>(p.dh0 + state_out(v, k)) = make_float2(b[e], b[e + 1]);
         } else {
-          p.dh0[state_at(v, k)] = b[e];
-          p.dh0[state_at(v, k + 1)] = b[e + 1];
+          p.dh0[state_out(v, k)] = b[e];
+          p.dh0[state_out(v, k + 1)] = b[e + 1];
         }
       }
     }
@@ -590,6 +625,20 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // next stage's wait; not with two warpgroups at K = 128, whose 240 registers do not hold
   // adv2 across the loop's back edge without spills (NVRTC 12.9).
   constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
+  // An identity tile's q, do and dv read as zeros (the producer loads none of them), so
+  // QD = 0 and dv2 = gate . DV: the ring's slots zeroed once.
+  if (SUMMARY && ident) {
+    for (int st = 0; st < STAGES; ++st) {
+      const uint32_t base = smem_u32 + st * Map::STAGE;
+      for (int j = ctid; j < Map::KTILE / 16; j += WG_THREADS) st_shared_v4(base + Map::Q_OFF + j * 16, 0, 0, 0, 0);
+      for (int j = ctid; j < Map::VTILE / 16; j += WG_THREADS) {
+        st_shared_v4(base + DO_OFF + j * 16, 0, 0, 0, 0);
+        st_shared_v4(base + DV_OFF + j * 16, 0, 0, 0, 0);
+      }
+    }
+    fence_proxy_async();
+    wg_sync();
+  }
   // Prologue: stage 0 full and, for a packed batch's short newest chunk or with g, prepared;
   // no wgmma issued.
   wait_bar(&full_bar[0], 0);

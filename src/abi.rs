@@ -72,13 +72,17 @@ pub struct DhuParams {
     pub error: u64,
     /// Sequences: B, or len(cu_seqlens) - 1.
     pub n: i32,
+    /// Chunks per segment of a sequence split (src/split.rs), or 0: no split.
+    pub seg_chunks: i32,
+    /// The segment that blockIdx.y = hv runs (a split's first pass: 1).
+    pub seg_first: i32,
 }
 
 /// sizeof / alignof / offsetof as g++ computes them for dhu_params.h with CUDA 13.0's
 /// cuda.h (see `abi_matches_the_c_header` for how to recompute them).
 pub const C_SIZEOF: usize = 1024;
 pub const C_ALIGNOF: usize = 128;
-pub const C_OFFSETS: [(&str, usize); 24] = [
+pub const C_OFFSETS: [(&str, usize); 26] = [
     ("tma_q", 0),
     ("tma_k", 128),
     ("tma_w", 256),
@@ -103,10 +107,12 @@ pub const C_OFFSETS: [(&str, usize); 24] = [
     ("flags", 988),
     ("error", 992),
     ("N", 1000),
+    ("seg_chunks", 1004),
+    ("seg_first", 1008),
 ];
 
 /// The Rust offsets, in the order of `C_OFFSETS`.
-pub const RUST_OFFSETS: [usize; 24] = {
+pub const RUST_OFFSETS: [usize; 26] = {
     use std::mem::offset_of;
     [
         offset_of!(DhuParams, tma_q),
@@ -133,6 +139,8 @@ pub const RUST_OFFSETS: [usize; 24] = {
         offset_of!(DhuParams, flags),
         offset_of!(DhuParams, error),
         offset_of!(DhuParams, n),
+        offset_of!(DhuParams, seg_chunks),
+        offset_of!(DhuParams, seg_first),
     ]
 };
 

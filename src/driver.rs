@@ -52,6 +52,8 @@ pub const KERNEL_SYMBOLS: &[&str] = &[
     "cuTensorMapEncodeTiled",
     "cuMemHostAlloc",
     "cuMemHostGetDevicePointer_v2",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
 ];
 
 /// Entry points used where the driver has them (tma.rs: without it every call encodes

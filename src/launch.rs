@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::facts;
 use crate::kernels;
 use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, MAX_SLOTS};
+use crate::split::{self, Split, SPLIT_ENTRIES};
 use crate::tensor::TensorMeta;
 use crate::tma::{tensor_maps, TmaPointers, TmaShape};
 use crate::validate::{validate, validate_outputs, CallArgs, CallDesc, Outputs};
@@ -47,6 +48,11 @@ pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
         .smem_bytes
 }
 
+/// Dynamic shared memory of a split's first-pass kernel (the one-warpgroup map of its K).
+fn split_pass1_smem(k: u32) -> u32 {
+    facts::layout(&facts::SM90, k, 1).expect("sm_90a has one-warpgroup kernels at K = 64 and 128").smem_bytes
+}
+
 /// Raw driver handles are plain pointers; the driver allows using them from any thread.
 #[derive(Clone, Copy, Debug)]
 struct Handle<T>(T);
@@ -59,6 +65,9 @@ struct Kernels {
     _module: Handle<CUmodule>,
     /// Indexed by KernelConfig::slot(): k64 bf16, k64 fp16, k128 bf16, k128 fp16.
     funcs: [Handle<CUfunction>; MAX_SLOTS],
+    /// sm_90a: the sequence split's kernels, indexed as `split::SPLIT_ENTRIES` (null on
+    /// sm_100a, whose plans are never split).
+    split: [Handle<CUfunction>; SPLIT_ENTRIES.len()],
     /// The image they came from, e.g. "dhu_sm90 sm_90a, CUDA 12 image".
     image: String,
 }
@@ -151,10 +160,8 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
             Error::Cuda { what: format!("cuModuleLoadData({}) on cuda:{ordinal}", image.label), code: error_name(res) }
         }
     })?;
-    let mut funcs = [Handle(std::ptr::null_mut()); MAX_SLOTS];
-    for (slot, cfg) in KernelConfig::all(arch).into_iter().enumerate() {
-        debug_assert_eq!(cfg.slot(), slot);
-        let name = cfg.entry_point(arch);
+    // An entry point with `smem` bytes of dynamic shared memory (0: none asked for).
+    let function = |name: &str, smem: u32| -> Result<CUfunction> {
         let cname = CString::new(name).expect("entry point names have no NUL");
         let f = api.function(module, &cname).map_err(|res| {
             if res == CUresult::CUDA_ERROR_NOT_FOUND {
@@ -166,7 +173,9 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
                 Error::Cuda { what: format!("cuModuleGetFunction({name}) on cuda:{ordinal}"), code: error_name(res) }
             }
         })?;
-        let smem = smem_bytes(arch, &cfg);
+        if smem == 0 {
+            return Ok(f);
+        }
         if smem as i64 > target.max_smem_optin as i64 {
             return Err(target.unavailable(
                 format!(
@@ -180,9 +189,21 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
             what: format!("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem}) on {name}"),
             code: error_name(res),
         })?;
-        funcs[slot] = Handle(f);
+        Ok(f)
+    };
+    let mut funcs = [Handle(std::ptr::null_mut()); MAX_SLOTS];
+    for (slot, cfg) in KernelConfig::all(arch).into_iter().enumerate() {
+        debug_assert_eq!(cfg.slot(), slot);
+        funcs[slot] = Handle(function(cfg.entry_point(arch), smem_bytes(arch, &cfg))?);
     }
-    Ok(Kernels { _module: Handle(module), funcs, image: image.label.clone() })
+    let mut split_funcs = [Handle(std::ptr::null_mut()); SPLIT_ENTRIES.len()];
+    if arch == Arch::Sm90 {
+        for (slot, name) in SPLIT_ENTRIES.iter().enumerate() {
+            let smem = if split::is_summary_slot(slot) { split_pass1_smem(split::slot_k(slot)) } else { 0 };
+            split_funcs[slot] = Handle(function(name, smem)?);
+        }
+    }
+    Ok(Kernels { _module: Handle(module), funcs, split: split_funcs, image: image.label.clone() })
 }
 
 /// The image `arch`'s kernels load from on a driver of `driver_version`:
@@ -766,49 +787,153 @@ fn launch_validated(
     let dev = device(desc.device.expect("planned with a device"))?;
     let ctx = dev.context()?;
     let _scope = CtxScope::enter(ctx)?;
-    let f = dev.kernels(drv, arch)?.funcs[config.slot()].0;
+    let kernels = dev.kernels(drv, arch)?;
+    let f = kernels.funcs[config.slot()].0;
     if desc.varlen() {
         params.error = dev.error_record()?.device;
     }
+    let one = Launch { drv, dev, stream: stream as sys::CUstream };
     let smem = smem_bytes(arch, &config);
     let block = config.block_threads(arch);
-    let [gx, gy, gz] = config.grid;
-    let mut kernel_args: [*mut c_void; 1] = [&mut params as *mut DhuParams as *mut c_void];
-    // SAFETY: f belongs to the current context's module; kernel_args points at one
-    // live DhuParams, the kernel's single parameter; the driver copies it at launch.
-    let res = unsafe {
-        sys::cuLaunchKernel(
-            f,
-            gx,
-            gy,
-            gz,
-            block,
-            1,
-            1,
-            smem,
-            stream as sys::CUstream,
-            kernel_args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
+    let mut param_ptr = [&mut params as *mut DhuParams as *mut c_void];
+    let Some(sp) = config.split else {
+        return one.run(config.entry_point(arch), f, config.grid, block, smem, &mut param_ptr);
     };
-    let what = || {
-        format!(
-            "cuLaunchKernel({}, grid ({gx}, {gy}, {gz}), block ({block}, 1, 1), smem {smem})",
-            config.entry_point(arch),
-        )
-    };
-    if means_unusable_image(res) {
-        // A driver that loads functions lazily finds the image unusable here: the device's
-        // calls go to fla from now on.
-        let e = dev.target(drv.version).unavailable(
-            format_args!("{} failed: {}", what(), error_name(res)),
-            "an image this driver and GPU load (see kda_dhu's README: driver requirements)",
-        );
-        return Err(dev.lost.get_or_init(|| e).clone());
+    launch_split(&one, kernels, desc, &config, sp, params, config.entry_point(arch), f, block, smem)
+}
+
+/// One stream's launches of a call.
+struct Launch<'a> {
+    drv: &'a Driver,
+    dev: &'a DeviceState,
+    stream: sys::CUstream,
+}
+
+impl Launch<'_> {
+    /// cuLaunchKernel of `f` (`name`) with `args` (pointers to its parameters, in order).
+    fn run(
+        &self,
+        name: &str,
+        f: CUfunction,
+        grid: [u32; 3],
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let [gx, gy, gz] = grid;
+        // SAFETY: f belongs to the current context's module; args points at the kernel's
+        // live parameters, in order; the driver copies them at launch.
+        let res = unsafe {
+            sys::cuLaunchKernel(f, gx, gy, gz, block, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+        };
+        let what = || format!("cuLaunchKernel({name}, grid ({gx}, {gy}, {gz}), block ({block}, 1, 1), smem {smem})");
+        if means_unusable_image(res) {
+            // A driver that loads functions lazily finds the image unusable here: the device's
+            // calls go to fla from now on.
+            let e = self.dev.target(self.drv.version).unavailable(
+                format_args!("{} failed: {}", what(), error_name(res)),
+                "an image this driver and GPU load (see kda_dhu's README: driver requirements)",
+            );
+            return Err(self.dev.lost.get_or_init(|| e).clone());
+        }
+        check(res, || format!("{} on cuda:{}", what(), self.dev.ordinal))?;
+        LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
-    check(res, || format!("{} on cuda:{}", what(), dev.ordinal))?;
-    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Ok(())
+
+    /// `bytes` of device memory ordered on the stream (cuMemAllocAsync: no synchronization).
+    fn alloc(&self, bytes: u64) -> Result<sys::CUdeviceptr> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: ptr is a live out-parameter; the stream belongs to the current context.
+        let res = unsafe { sys::cuMemAllocAsync(&mut ptr, bytes as usize, self.stream) };
+        check(res, || format!("cuMemAllocAsync({bytes} bytes) on cuda:{}", self.dev.ordinal))?;
+        Ok(ptr)
+    }
+
+    /// Frees `ptr` once the stream's work so far is done (cuMemFreeAsync).
+    fn free(&self, ptr: sys::CUdeviceptr) -> Result<()> {
+        // SAFETY: ptr came from `alloc` on this stream and is freed once.
+        let res = unsafe { sys::cuMemFreeAsync(ptr, self.stream) };
+        check(res, || format!("cuMemFreeAsync on cuda:{}", self.dev.ordinal))
+    }
+}
+
+/// A split call's three launches on the stream (src/split.rs): the first pass into U,
+/// the merge into X, the second pass (`f`, the plan's kernel) from X; U and X are freed
+/// in stream order after it.
+#[allow(clippy::too_many_arguments)]
+fn launch_split(
+    one: &Launch,
+    kernels: &Kernels,
+    desc: &CallDesc,
+    config: &KernelConfig,
+    sp: Split,
+    params: DhuParams,
+    name: &str,
+    f: CUfunction,
+    block: u32,
+    smem: u32,
+) -> Result<()> {
+    let shape = split::shape(desc, sp);
+    let u = one.alloc(shape.u_elems * 4)?;
+    let x = match one.alloc(shape.x_elems * 4) {
+        Ok(x) => x,
+        Err(e) => {
+            one.free(u)?;
+            return Err(e);
+        }
+    };
+    let result = (|| {
+        let (p1, p2) = split_params(&params, sp, u, x);
+        let mut p1 = p1;
+        let slot = split::summary_slot(config.k, config.dtype, config.svf);
+        one.run(
+            SPLIT_ENTRIES[slot],
+            kernels.split[slot].0,
+            shape.pass1,
+            facts::threads(&facts::SM90, 1),
+            split_pass1_smem(config.k),
+            &mut [&mut p1 as *mut DhuParams as *mut c_void],
+        )?;
+        let (mut mu, mut mx) = (u, x);
+        let (mut s1, mut hv, mut v, mut svf) = (sp.segments as i32 - 1, params.hv, params.v, i32::from(config.svf));
+        let mslot = split::merge_slot(config.k);
+        one.run(
+            SPLIT_ENTRIES[mslot],
+            kernels.split[mslot].0,
+            shape.merge,
+            shape.merge_threads,
+            0,
+            &mut [
+                &mut mu as *mut u64 as *mut c_void,
+                &mut mx as *mut u64 as *mut c_void,
+                &mut s1 as *mut i32 as *mut c_void,
+                &mut hv as *mut i32 as *mut c_void,
+                &mut v as *mut i32 as *mut c_void,
+                &mut svf as *mut i32 as *mut c_void,
+            ],
+        )?;
+        let mut p2 = p2;
+        one.run(name, f, config.grid, block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
+    })();
+    let freed = one.free(x).and(one.free(u));
+    result.and(freed)
+}
+
+/// The two passes' DhuParams from the call's (src/split.rs): pass 1 from dht into U
+/// (segments 1 .., every CTA's last state), pass 2 from X (segments 0 .., dh0 from
+/// segment 0).
+pub fn split_params(params: &DhuParams, sp: Split, u: u64, x: u64) -> (DhuParams, DhuParams) {
+    let mut p1 = *params;
+    p1.seg_chunks = sp.seg_chunks as i32;
+    p1.seg_first = 1;
+    p1.dh0 = u;
+    let mut p2 = *params;
+    p2.seg_chunks = sp.seg_chunks as i32;
+    p2.seg_first = 0;
+    p2.dht = x;
+    p2.flags |= crate::abi::FLAG_DHT;
+    (p1, p2)
 }
 
 #[cfg(test)]
@@ -848,6 +973,7 @@ mod tests {
             grid: [2, 8, 2],
             nwg: 1,
             svf: false,
+            split: None,
         };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
@@ -877,6 +1003,7 @@ mod tests {
             grid: [1, 4, 3],
             nwg: 1,
             svf: false,
+            split: None,
         };
         let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
         assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t, p.n), (0x40, 0, 17, 1000, 3));
@@ -1219,7 +1346,14 @@ mod tests {
         let api = FakeModules::ok();
         let k = load_with(&api, &H200_TARGET).unwrap();
         assert!(k.funcs.iter().all(|f| !f.0.is_null()));
-        let want: Vec<i32> = KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c) as i32).collect();
+        assert!(k.split.iter().all(|f| !f.0.is_null()));
+        // The stage-4 entry points, then the split's first-pass kernels (the merge asks for
+        // no dynamic shared memory).
+        let mut want: Vec<i32> =
+            KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c) as i32).collect();
+        for slot in (0..SPLIT_ENTRIES.len()).filter(|&s| split::is_summary_slot(s)) {
+            want.push(split_pass1_smem(split::slot_k(slot)) as i32);
+        }
         assert_eq!(*api.smem_set.borrow(), want);
     }
 

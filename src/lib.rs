@@ -27,6 +27,7 @@ pub mod plan;
 #[cfg(test)]
 mod ptxas;
 mod py_cpu;
+pub mod split;
 pub mod tensor;
 pub mod tma;
 pub mod validate;

@@ -13,6 +13,7 @@
 //! with no CTA floor of its own (B2a keeps its 256-CTA floor).
 
 use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
+use crate::split::{self, Split};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
 use std::fmt;
@@ -195,6 +196,9 @@ pub struct KernelConfig {
     pub nwg: u32,
     /// state_v_first (sm_90a): dh, dht, h0, dh0 are [.., V, K].
     pub svf: bool,
+    /// A sequence split (sm_90a, dense, below one wave: src/split.rs), or None. With a
+    /// split, `grid`, `nwg` and the entry point are its second pass's.
+    pub split: Option<Split>,
 }
 
 /// The sm_90a image's entry points (cuda/dhu_sm90.cu; the kernel, the state held in
@@ -241,7 +245,7 @@ impl KernelConfig {
         let mut configs = Vec::new();
         for &(svf, nwg) in shapes {
             for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf });
+                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf, split: None });
             }
         }
         configs
@@ -424,16 +428,20 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_OFFSETS_I32;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
-    let nwg = warpgroups(desc, dev, arch, sm90_nwg_override());
+    let split = split::split(desc, dev, arch, crate::env::sm90_split());
+    // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
+    let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
+    let nwg = warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override());
     Plan::Kernel {
         arch,
         config: KernelConfig {
             k: d.k as u32,
             dtype: desc.qk_dtype,
             flags,
-            grid: [(d.v / (BV * i64::from(nwg))) as u32, d.hv as u32, d.n as u32],
+            grid: [(d.v / (BV * i64::from(nwg))) as u32, rows as u32, d.n as u32],
             nwg,
             svf: desc.state_v_first,
+            split,
         },
     }
 }
@@ -443,6 +451,12 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
 /// device (N * HV * V/128 >= SMs); below that, one per CTA, for the most CTAs.
 /// `KDA_DHU_SM90_NWG` = 1 or 2 overrides the choice where V allows (measurements).
 pub fn warpgroups(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: Option<u32>) -> u32 {
+    warpgroups_for(desc.dims.n * desc.dims.hv, desc, dev, arch, override_nwg)
+}
+
+/// `warpgroups` for a grid of `rows` = gridDim.y x gridDim.z (N * HV, or a split's second
+/// pass's N * HV * (S - 1)).
+fn warpgroups_for(rows: i64, desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: Option<u32>) -> u32 {
     let d = &desc.dims;
     if arch != Arch::Sm90 || d.v % (2 * BV) != 0 {
         return 1;
@@ -450,7 +464,7 @@ pub fn warpgroups(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: O
     if let Some(n) = override_nwg {
         return n;
     }
-    if d.n * d.hv * (d.v / (2 * BV)) >= i64::from(dev.sm_count) {
+    if rows * (d.v / (2 * BV)) >= i64::from(dev.sm_count) {
         2
     } else {
         1
@@ -463,9 +477,14 @@ fn sm90_nwg_override() -> Option<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::validate::{Dims, TensorLayout};
+
+    /// `base()`, for the other modules' tests.
+    pub(crate) fn base_desc() -> CallDesc {
+        base()
+    }
 
     const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
     const B200: DeviceInfo = DeviceInfo { cc_major: 10, cc_minor: 0, sm_count: 148 };
@@ -1014,7 +1033,8 @@ mod tests {
 
     #[test]
     fn entry_points_and_slots() {
-        let mut c = KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false };
+        let mut c =
+            KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false, split: None };
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {

@@ -144,7 +144,9 @@ def main(argv=None) -> int:
             lines = f.read().splitlines()
         for name in entries:
             one = [
-                ln for ln in lines if not re.match(r"^KDA_DHU_SM90(_RS)?_ENTRY\(", ln) or f"({name}," in ln
+                ln
+                for ln in lines
+                if not re.match(r"^KDA_DHU_(SM90(_RS|_SUM)?|SEG_MERGE)_ENTRY\(", ln) or f"({name}," in ln
             ]
             with open(os.path.join(src, "one.cu"), "w") as f:
                 f.write("\n".join(one) + "\n")

@@ -3,7 +3,7 @@
 A handful of small calls covering the kernel's code paths: the envelope (K 64 / 128,
 bf16), a dense tail, varlen with lengths [1, 63, 65, 7] (fla's chunk tables, int64 and
 int32), a padded packed batch, GVA, the g gate, no gate without states, one fp16 call,
-two warpgroups, state_v_first, inputs in strided, sliced, expanded and misaligned
+two warpgroups, state_v_first, the sequence split, inputs in strided, sliced, expanded and misaligned
 layouts (copied before the kernel reads them), and more of the same kinds of calls on
 other shapes (the ``rs_`` cases: the dh / dv2 staging reuse, the do rows weighted in place
 with g, short chunks of packed batches). Each case runs the
@@ -77,6 +77,11 @@ CASES = [
         dict(B=1, T=256, H=2, HV=2, K=64, V=128, gate="g", varlen_lengths=[100, 30, 70], nwg=2, tables=torch.int32),
     ),
     ("wg2_gva_tail_v256", dict(B=1, T=130, H=1, HV=2, K=128, V=256, gate="gk", nwg=2)),
+    # The sequence split (KDA_DHU_SM90_SPLIT=N segments; src/split.rs): its first pass with
+    # identity tiles, the merge, the second pass on one and two warpgroups.
+    ("split3_k128_gk", dict(B=1, T=640, H=2, HV=2, K=128, V=128, gate="gk", split=3, nwg=1)),
+    ("split4_k64_g_tail_wg2", dict(B=2, T=900, H=1, HV=2, K=64, V=128, gate="g", split=4, nwg=2)),
+    ("split3_svf_none", dict(B=1, T=700, H=2, HV=2, K=128, V=64, gate=None, split=3, state_v_first=True)),
     (
         "svf_varlen_k128",
         dict(
@@ -146,12 +151,17 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     spec = dict(spec)
     dtype = spec.pop("dtype", torch.bfloat16)
     nwg = spec.pop("nwg", None)
+    split = spec.pop("split", None)
     tables = spec.pop("tables", None)
     layouts = spec.pop("layouts", {})
     if nwg is None:
         os.environ.pop("KDA_DHU_SM90_NWG", None)
     else:
         os.environ["KDA_DHU_SM90_NWG"] = str(nwg)
+    if split is None:
+        os.environ.pop("KDA_DHU_SM90_SPLIT", None)
+    else:
+        os.environ["KDA_DHU_SM90_SPLIT"] = str(split)
     a = make_inputs(dtype=dtype, device="cuda", generator=gen, **spec)
     if tables is not None:
         cu = a["cu_seqlens"].to(tables)
@@ -309,6 +319,7 @@ def main(argv=None) -> int:
             else:
                 # the planner's own warpgroups, whatever the cases before set
                 os.environ.pop("KDA_DHU_SM90_NWG", None)
+                os.environ.pop("KDA_DHU_SM90_SPLIT", None)
                 good = good or good_batch(gen)
                 detail = run_bad_case(name[len("bad_") :], *good)
             print(f"case {name}: OK ({detail}; {time.time() - t:.1f} s)", flush=True)

@@ -29,8 +29,19 @@ RS_ENTRY_POINTS = [
 ]
 
 
+# The sequence split's (src/split.rs SPLIT_ENTRIES): its first pass, the kernel above with V
+# widened by K identity columns (one warpgroup), and the merge of its boundary states.
+SPLIT_ENTRY_POINTS = [
+    f"kda_dhu_sm90_rs_k{k}_{dt}_sum{svf}"
+    for svf in ("", "_svf")
+    for k in (64, 128)
+    for dt in ("bf16", "fp16")
+] + ["kda_dhu_sm90_seg_merge_k64", "kda_dhu_sm90_seg_merge_k128"]
+
+
 def test_sixteen_register_state_entry_points():
     assert len(set(RS_ENTRY_POINTS)) == 16
+    assert len(set(SPLIT_ENTRY_POINTS)) == 10
 
 
 def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
@@ -39,7 +50,7 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
     K = 128 (<= 255, and K = 64 keeps two CTAs per SM: <= 204); two warpgroups report
     the launch's 168 (setmaxnreg gives the consumers 240)."""
     info = _core.build_info()
-    for name in RS_ENTRY_POINTS:
+    for name in RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS[:8]:
         line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
         assert line is not None, f"{name} missing from build_info():\n{info}"
         assert line.startswith("dhu_sm90 sm_90a "), line
@@ -57,7 +68,15 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
 
 def test_the_image_holds_only_these_sm90a_entry_points():
     names = sorted(m.group(1) for m in re.finditer(r" (kda_dhu_sm90_\w+): \d+ registers", _core.build_info()))
-    assert set(names) == set(RS_ENTRY_POINTS), names
+    assert set(names) == set(RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS), names
+
+
+def test_the_merge_kernel_has_no_stack_frame():
+    info = _core.build_info()
+    for name in SPLIT_ENTRY_POINTS[8:]:
+        line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
+        assert line is not None and line.startswith("dhu_sm90 sm_90a "), (name, line)
+        assert line.endswith(" 0 bytes stack frame"), line
 
 
 def _toolchain() -> tuple[str | None, str]:

@@ -1,0 +1,70 @@
+// The boundary states of a sequence split (src/split.rs), between its two passes, in fp32.
+//
+// The reverse scan over one segment is affine in the state it starts from (DESIGN.md, "The
+// state scan as an affine map"): the state leaving segment s is P_s x + u_s, x the state
+// entering it. The first pass wrote, per batch row b, launch segment j (segment j + 1 of
+// the row) and value head hv, the state U_j [K, V + K] ([V + K, K] with state_v_first):
+// columns [0, V) are u_{j+1} and columns [V, V + K) are P_{j+1}, except for the newest
+// (j = S1 - 1), whose columns [0, V) are already the true state leaving it. The second
+// pass runs segments 0 .. S1 - 1 from X [B, S1, HV, K, V] ([.., V, K]):
+//
+//     X[S1 - 1] = U_{S1 - 1}[:, :V],    X[j - 1] = P_j X[j] + u_j = U_{j-1}[:, V:] X[j] + U_{j-1}[:, :V]
+//
+// for j = S1 - 1 down to 1 (fp32 fma, m ascending). Grid (V / 16, HV, B), 2K threads:
+// thread t owns row k = t / 2 and the 8 columns 8 (t % 2) of the CTA's 16.
+#pragma once
+
+#include <stdint.h>
+
+namespace kda_dhu {
+namespace seg_merge {
+
+constexpr int COLS = 16;  // V columns per CTA
+
+template <int K>
+__device__ __forceinline__ void seg_merge_kernel(const float* __restrict__ u, float* __restrict__ x, int s1, int HV,
+                                                 int V, int svf) {
+  __shared__ float xs[K][COLS];
+  const int t = threadIdx.x;
+  const int k = t >> 1, half = (t & 1) * 8;
+  const int c0 = int(blockIdx.x) * COLS + half;
+  const int hv = blockIdx.y;
+  const int64_t row = int64_t(blockIdx.z) * s1;
+  const int VW = V + K;
+  // Element (k, c) of U_j and X[j].
+  auto u_at = [&](int j, int kk, int c) -> int64_t {
+    const int64_t base = ((row + j) * HV + hv) * int64_t(K) * VW;
+    return base + (svf ? int64_t(c) * K + kk : int64_t(kk) * VW + c);
+  };
+  auto x_at = [&](int j, int c) -> int64_t {
+    const int64_t base = ((row + j) * HV + hv) * int64_t(K) * V;
+    return base + (svf ? int64_t(c) * K + k : int64_t(k) * V + c);
+  };
+  float acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    acc[i] = u[u_at(s1 - 1, k, c0 + i)];
+    xs[k][half + i] = acc[i];
+    x[x_at(s1 - 1, c0 + i)] = acc[i];
+  }
+  for (int j = s1 - 1; j >= 1; --j) {
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = u[u_at(j - 1, k, c0 + i)];
+#pragma unroll 8
+    for (int m = 0; m < K; ++m) {
+      const float pkm = u[u_at(j - 1, k, V + m)];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(pkm, xs[m][half + i], acc[i]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      xs[k][half + i] = acc[i];
+      x[x_at(j - 1, c0 + i)] = acc[i];
+    }
+  }
+}
+
+}  // namespace seg_merge
+}  // namespace kda_dhu

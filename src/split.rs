@@ -1,0 +1,274 @@
+//! The sequence split (sm_90a, dense calls below one wave): one owner for when a call is
+//! split, into how many segments, and how its three launches are shaped.
+//!
+//! Below one wave (B * HV * V / 64 CTAs well under the SM count: one long sequence, few
+//! heads) the reverse scan's serial chain over NT chunks sets the time and most SMs idle.
+//! The scan over a segment is affine in the state it starts from (DESIGN.md, "The state
+//! scan as an affine map"): leaving segment s the state is P_s x + u_s, x the state
+//! entering it. So with S segments of `seg_chunks` chunks each (the last one short):
+//!
+//! 1. first pass (`_sum` kernels, one launch): the newest segment S - 1 runs as usual from
+//!    dht, storing its dh and dv2 and its last state; each of the segments 1 .. S - 2 runs
+//!    with V widened by K columns, from [0 | I] with its do, dv (and q) read as zero in the
+//!    K extra columns, and stores only its last state [u_s | P_s]: the same A_c per chunk,
+//!    so the same kernel (cuda/dhu_sm90_regstate.cuh, SUMMARY). Buffer U
+//!    [B, S - 1, HV, K, V + K] fp32 ([.., V + K, K] with state_v_first).
+//! 2. merge (cuda/dhu_seg_merge.cuh): the boundary states in fp32, serially from the newest,
+//!    x_{s-1} = P_s x_s + u_s: S - 2 products [K, K] x [K, V] per head. Buffer X
+//!    [B, S - 1, HV, K, V] fp32 ([.., V, K]).
+//! 3. second pass (the usual kernels): segments 0 .. S - 2 at once, each from its boundary
+//!    state in X as dht; segment 0 writes dh0.
+//!
+//! Pass 1 and pass 2 each walk one segment's chunks, so the time is about 2 T / S of the
+//! unsplit scan plus the merge, where both passes fit one wave: S >= 3 pays.
+//! Rounding: the boundary states are fp32 sums of pieces each rounded as the kernel
+//! rounds its own state (bf16 before k . dh), the kind of rounding the unsplit kernel
+//! has; the parity tests against the float64 reference decide.
+
+use crate::plan::{Arch, DeviceInfo};
+use crate::tensor::DType;
+use crate::validate::CallDesc;
+
+use crate::facts::{BT, BV};
+
+/// Chunks per segment below which the rule does not split: the two extra launches and the
+/// merge cost a few microseconds, a segment of 32 chunks about 35 us at K = V = 128.
+pub const MIN_SEGMENT_CHUNKS: i64 = 32;
+/// The most segments the rule picks.
+pub const MAX_SEGMENTS: i64 = 16;
+/// Whether the split is on by default (else only under `KDA_DHU_SM90_SPLIT`): off until
+/// its A/B on the H200 (benches/NOTES.md, "The sequence split").
+pub const DEFAULT_ON: bool = false;
+/// V columns per CTA of the merge kernel (cuda/dhu_seg_merge.cuh's COLS).
+pub const MERGE_COLS: i64 = 16;
+
+/// A call's split: `segments` (>= 2) of `seg_chunks` chunks each, the last one shorter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub segments: u32,
+    pub seg_chunks: u32,
+}
+
+/// What `KDA_DHU_SM90_SPLIT` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitSwitch {
+    /// Unset: `DEFAULT_ON` decides between `Rule` and `Off`.
+    Default,
+    /// `on`: the rule (`rule_segments`).
+    Rule,
+    /// `off`: never.
+    Off,
+    /// An integer >= 2: that many segments wherever a split can run (tests, measurements).
+    Segments(u32),
+}
+
+fn chunks(t: i64) -> i64 {
+    (t + BT - 1) / BT
+}
+
+/// CTAs of the first pass and of the second (one warpgroup per CTA) with S segments.
+pub fn pass_ctas(desc: &CallDesc, s: i64) -> (i64, i64) {
+    let d = &desc.dims;
+    let rows = d.b * d.hv;
+    let tiles = d.v / BV;
+    let wide = (d.v + d.k) / BV;
+    (rows * (tiles + (s - 2).max(0) * wide), rows * (s - 1) * tiles)
+}
+
+/// The rule: the most segments (3 ..= MAX_SEGMENTS) whose two passes each fit one wave of
+/// `dev` (one CTA per SM) with at least MIN_SEGMENT_CHUNKS chunks per segment; None where
+/// none does (a grid near one wave or above gains nothing: pass 1 and pass 2 each take
+/// T / S, so S = 2 is the unsplit time).
+pub fn rule_segments(desc: &CallDesc, dev: &DeviceInfo) -> Option<i64> {
+    let nt = chunks(desc.dims.t);
+    let sms = i64::from(dev.sm_count);
+    (3..=MAX_SEGMENTS).rev().find(|&s| {
+        let (p1, p2) = pass_ctas(desc, s);
+        nt >= s * MIN_SEGMENT_CHUNKS && p1 <= sms && p2 <= sms
+    })
+}
+
+/// The split of a call that the planner sends to the sm_90a kernel, or None.
+pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch) -> Option<Split> {
+    if arch != Arch::Sm90 || desc.varlen() {
+        return None;
+    }
+    let wanted = match switch {
+        SplitSwitch::Off => return None,
+        SplitSwitch::Default if !DEFAULT_ON => return None,
+        SplitSwitch::Default | SplitSwitch::Rule => rule_segments(desc, dev)?,
+        SplitSwitch::Segments(n) => i64::from(n),
+    };
+    let nt = chunks(desc.dims.t);
+    if wanted < 2 || nt < 2 {
+        return None;
+    }
+    let seg_chunks = (nt + wanted - 1) / wanted;
+    let segments = (nt + seg_chunks - 1) / seg_chunks;
+    // gridDim.y = HV * (S - 1) (plan.rs checks HV against the same limit).
+    if segments < 2 || desc.dims.hv * (segments - 1) > crate::plan::MAX_GRID_YZ {
+        return None;
+    }
+    Some(Split { segments: segments as u32, seg_chunks: seg_chunks as u32 })
+}
+
+/// The split's kernels in the sm_90a image (cuda/dhu_sm90.cu), in slot order: the first
+/// pass's (k64/k128 x bf16/fp16, then those with state_v_first), then the merge (K 64, 128).
+pub const SPLIT_ENTRIES: [&str; 10] = [
+    "kda_dhu_sm90_rs_k64_bf16_sum",
+    "kda_dhu_sm90_rs_k64_fp16_sum",
+    "kda_dhu_sm90_rs_k128_bf16_sum",
+    "kda_dhu_sm90_rs_k128_fp16_sum",
+    "kda_dhu_sm90_rs_k64_bf16_sum_svf",
+    "kda_dhu_sm90_rs_k64_fp16_sum_svf",
+    "kda_dhu_sm90_rs_k128_bf16_sum_svf",
+    "kda_dhu_sm90_rs_k128_fp16_sum_svf",
+    "kda_dhu_sm90_seg_merge_k64",
+    "kda_dhu_sm90_seg_merge_k128",
+];
+
+/// Slot in SPLIT_ENTRIES of the first pass's kernel.
+pub fn summary_slot(k: u32, dtype: DType, svf: bool) -> usize {
+    (if k == 64 { 0 } else { 2 }) + usize::from(dtype != DType::BF16) + if svf { 4 } else { 0 }
+}
+
+/// Slot in SPLIT_ENTRIES of the merge kernel.
+pub fn merge_slot(k: u32) -> usize {
+    if k == 64 {
+        8
+    } else {
+        9
+    }
+}
+
+/// Whether SPLIT_ENTRIES[slot] is a first-pass kernel (dynamic shared memory: the
+/// one-warpgroup map) rather than the merge (static shared memory only).
+pub fn is_summary_slot(slot: usize) -> bool {
+    slot < 8
+}
+
+/// The K of SPLIT_ENTRIES[slot].
+pub fn slot_k(slot: usize) -> u32 {
+    if (is_summary_slot(slot) && slot % 4 < 2) || slot == 8 {
+        64
+    } else {
+        128
+    }
+}
+
+/// The three launches' grids and the merge's block (threads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitShape {
+    pub pass1: [u32; 3],
+    pub merge: [u32; 3],
+    pub merge_threads: u32,
+    /// fp32 elements of U and X.
+    pub u_elems: u64,
+    pub x_elems: u64,
+}
+
+/// The shape of `sp`'s launches for a call of dims `desc.dims`; pass 2's grid is the
+/// plan's (`KernelConfig::grid`).
+pub fn shape(desc: &CallDesc, sp: Split) -> SplitShape {
+    let d = &desc.dims;
+    let s1 = i64::from(sp.segments) - 1;
+    SplitShape {
+        pass1: [((d.v + d.k) / BV) as u32, (d.hv * s1) as u32, d.b as u32],
+        merge: [(d.v / MERGE_COLS) as u32, d.hv as u32, d.b as u32],
+        merge_threads: (2 * d.k) as u32,
+        u_elems: (d.b * s1 * d.hv * d.k * (d.v + d.k)) as u64,
+        x_elems: (d.b * s1 * d.hv * d.k * d.v) as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::base_desc;
+
+    const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+
+    fn long(b: i64, hv: i64, t: i64) -> CallDesc {
+        let mut d = base_desc();
+        d.dims.b = b;
+        d.dims.n = b;
+        d.dims.h = hv;
+        d.dims.hv = hv;
+        d.dims.t = t;
+        d
+    }
+
+    #[test]
+    fn the_rule_splits_only_below_one_wave() {
+        // B1 H16 K = V = 128: 32 CTAs; three segments: pass 1 32 + 64, pass 2 64.
+        assert_eq!(rule_segments(&long(1, 16, 65536), &H200), Some(3));
+        assert_eq!(pass_ctas(&long(1, 16, 65536), 3), (96, 64));
+        // B1 H32: 64 CTAs, three segments need 192 in pass 1.
+        assert_eq!(rule_segments(&long(1, 32, 65536), &H200), None);
+        // B1 H8: five segments (16 + 3 * 32 = 112, 4 * 16 = 64).
+        assert_eq!(rule_segments(&long(1, 8, 65536), &H200), Some(5));
+        // Too short: fewer than 3 x 32 chunks.
+        assert_eq!(rule_segments(&long(1, 16, 64 * 95), &H200), None);
+        assert_eq!(rule_segments(&long(1, 16, 64 * 96), &H200), Some(3));
+        // varlen never, sm_100 never.
+        let mut v = long(1, 16, 65536);
+        v.cu_seqlens = Some(DType::I64);
+        assert_eq!(split(&v, &H200, Arch::Sm90, SplitSwitch::Rule), None);
+        assert_eq!(split(&long(1, 16, 65536), &H200, Arch::Sm100, SplitSwitch::Rule), None);
+    }
+
+    #[test]
+    fn the_switch_and_the_segment_arithmetic() {
+        let d = long(1, 16, 65536);
+        let on = split(&d, &H200, Arch::Sm90, SplitSwitch::Rule);
+        assert_eq!(on, Some(Split { segments: 3, seg_chunks: 342 }));
+        assert_eq!(split(&d, &H200, Arch::Sm90, SplitSwitch::Off), None);
+        assert_eq!(split(&d, &H200, Arch::Sm90, SplitSwitch::Default), if DEFAULT_ON { on } else { None });
+        // Forced counts: every segment non-empty, the last one short.
+        for (t, n, want) in [
+            (64 * 10, 3, Some((3, 4))),
+            (64 * 10 - 5, 4, Some((4, 3))),
+            (64 * 9, 4, Some((3, 3))),
+            (64 * 2, 5, Some((2, 1))),
+            (64, 2, None),
+            (64 * 10, 1, None),
+        ] {
+            let got = split(&long(2, 2, t), &H200, Arch::Sm90, SplitSwitch::Segments(n));
+            assert_eq!(got.map(|s| (s.segments, s.seg_chunks)), want, "T={t} n={n}");
+            if let Some(s) = got {
+                let nt = chunks(t);
+                let (sc, sn) = (i64::from(s.seg_chunks), i64::from(s.segments));
+                assert!((sn - 1) * sc < nt && nt <= sn * sc, "T={t}: the last segment is non-empty");
+            }
+        }
+    }
+
+    #[test]
+    fn slots_and_shapes() {
+        for (i, name) in SPLIT_ENTRIES.iter().enumerate() {
+            assert_eq!(slot_k(i), if name.contains("_k64") { 64 } else { 128 }, "{name}");
+            assert_eq!(is_summary_slot(i), name.contains("_sum"), "{name}");
+        }
+        for k in [64u32, 128] {
+            for dt in [DType::BF16, DType::F16] {
+                for svf in [false, true] {
+                    let name = SPLIT_ENTRIES[summary_slot(k, dt, svf)];
+                    let want = format!(
+                        "kda_dhu_sm90_rs_k{k}_{}_sum{}",
+                        if dt == DType::BF16 { "bf16" } else { "fp16" },
+                        if svf { "_svf" } else { "" }
+                    );
+                    assert_eq!(name, want);
+                }
+            }
+            assert_eq!(SPLIT_ENTRIES[merge_slot(k)], format!("kda_dhu_sm90_seg_merge_k{k}"));
+        }
+        let d = long(1, 16, 65536);
+        let sh = shape(&d, Split { segments: 3, seg_chunks: 342 });
+        assert_eq!(sh.pass1, [4, 32, 1]);
+        assert_eq!(sh.merge, [8, 16, 1]);
+        assert_eq!(sh.merge_threads, 256);
+        assert_eq!(sh.u_elems, 2 * 16 * 128 * 256);
+        assert_eq!(sh.x_elems, 2 * 16 * 128 * 128);
+    }
+}
