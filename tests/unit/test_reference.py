@@ -309,3 +309,52 @@ def test_rel_err():
     assert rel_err(None, None) == 0.0
     with pytest.raises(ValueError):
         rel_err(torch.zeros(3), r)
+
+
+# ------------------------------------------- (f) the sequence split's algebra (src/split.rs)
+
+
+@pytest.mark.parametrize("gate", ["gk", "g", None])
+def test_the_split_passes_compose_to_the_whole_scan(gate):
+    """src/split.rs's three steps on the float64 reference: the newest segment from dht;
+    each middle segment with V widened by K columns ([do | 0], [dv | 0] from [0 | I]) ends
+    in [u_s | P_s]; x_{s-1} = P_s x_s + u_s; every segment from its x gives the whole
+    scan's dh, dv2 and dh0 (tails included: T = 600, segments of 3 chunks)."""
+    B, T, H, HV, K, V, sc = 1, 600, 2, 2, 64, 64, 3
+    a = _f64(make_inputs(B, T, H, HV, K, V, torch.bfloat16, gate, generator=torch.Generator().manual_seed(5)))
+    whole = ref(**a, emulate_rounding=False)
+    nt = (T + 63) // 64
+    S = (nt + sc - 1) // sc
+    bounds = [(s * sc * 64, min((s + 1) * sc * 64, T)) for s in range(S)]
+
+    def seg(s, dht, widen=False):
+        lo, hi = bounds[s]
+        x = {
+            n: (v[:, lo:hi] if n in ("q", "k", "w", "do", "dv", "g", "gk") and v is not None else v)
+            for n, v in a.items()
+        }
+        x["dht"] = dht
+        if widen:
+            zeros = torch.zeros(B, hi - lo, HV, K, dtype=F64)
+            x["do"] = torch.cat([x["do"], zeros], -1)
+            x["dv"] = torch.cat([x["dv"], zeros], -1)
+            x["h0"] = torch.zeros(B, HV, K, V + K, dtype=F64)
+        return ref(**x, emulate_rounding=False)
+
+    eye = torch.eye(K, dtype=F64).expand(B, HV, K, K)
+    # Pass 1: the newest from dht; segments 1 .. S - 2 widened, from [0 | I].
+    x = {S - 1: a["dht"]}
+    x[S - 2] = seg(S - 1, a["dht"])[1]
+    summary = {
+        s: seg(s, torch.cat([torch.zeros(B, HV, K, V, dtype=F64), eye], -1), widen=True)[1]
+        for s in range(1, S - 1)
+    }
+    # Merge: x_{s-1} = P_s x_s + u_s.
+    for s in range(S - 2, 0, -1):
+        u, p = summary[s][..., :V], summary[s][..., V:]
+        x[s - 1] = p @ x[s] + u
+    # Pass 2: every segment from its state.
+    runs = [seg(s, x[s]) for s in range(S)]
+    _close(torch.cat([r[0] for r in runs], 1), whole[0])
+    _close(runs[0][1], whole[1])
+    _close(torch.cat([r[2] for r in runs], 1), whole[2])
