@@ -11,7 +11,9 @@
 //     X[S1 - 1] = U_{S1 - 1}[:, :V],    X[j - 1] = P_j X[j] + u_j = U_{j-1}[:, V:] X[j] + U_{j-1}[:, :V]
 //
 // for j = S1 - 1 down to 1 (fp32 fma, m ascending). Grid (V / 16, HV, B), 2K threads:
-// thread t owns row k = t / 2 and the 8 columns 8 (t % 2) of the CTA's 16.
+// thread t owns row k = t / 2 and the 8 columns 8 (t % 2) of the CTA's 16. P is read in
+// blocks of MB columns, staged in shared memory by coalesced loads (a thread's row of P is
+// one of K strided rows: read directly, each warp load touched 16 rows).
 #pragma once
 
 #include <stdint.h>
@@ -20,18 +22,21 @@ namespace kda_dhu {
 namespace seg_merge {
 
 constexpr int COLS = 16;  // V columns per CTA
+constexpr int MB = 32;    // columns of P per shared-memory block
 
 template <int K>
 __device__ __forceinline__ void seg_merge_kernel(const float* __restrict__ u, float* __restrict__ x, int s1, int HV,
                                                  int V, int svf) {
+  constexpr int NTHREADS = 2 * K;
   __shared__ float xs[K][COLS];
+  __shared__ float ps[K][MB + 1];  // +1: rows k and k + 1 in different banks
   const int t = threadIdx.x;
   const int k = t >> 1, half = (t & 1) * 8;
   const int c0 = int(blockIdx.x) * COLS + half;
   const int hv = blockIdx.y;
   const int64_t row = int64_t(blockIdx.z) * s1;
   const int VW = V + K;
-  // Element (k, c) of U_j and X[j].
+  // Element (kk, c) of U_j and (k, c) of X[j].
   auto u_at = [&](int j, int kk, int c) -> int64_t {
     const int64_t base = ((row + j) * HV + hv) * int64_t(K) * VW;
     return base + (svf ? int64_t(c) * K + kk : int64_t(kk) * VW + c);
@@ -48,16 +53,26 @@ __device__ __forceinline__ void seg_merge_kernel(const float* __restrict__ u, fl
     x[x_at(s1 - 1, c0 + i)] = acc[i];
   }
   for (int j = s1 - 1; j >= 1; --j) {
-    __syncthreads();
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = u[u_at(j - 1, k, c0 + i)];
-#pragma unroll 8
-    for (int m = 0; m < K; ++m) {
-      const float pkm = u[u_at(j - 1, k, V + m)];
+    for (int m0 = 0; m0 < K; m0 += MB) {
+      __syncthreads();  // xs written, the previous block of ps read
+      // P[:, m0 .. m0 + MB): consecutive threads along P's contiguous index.
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = fmaf(pkm, xs[m][half + i], acc[i]);
+      for (int e0 = 0; e0 < K * MB; e0 += NTHREADS) {
+        const int e = e0 + t;
+        const int kk = svf ? e % K : e / MB, mm = svf ? e / K : e % MB;
+        ps[kk][mm] = u[u_at(j - 1, kk, V + m0 + mm)];
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int mm = 0; mm < MB; ++mm) {
+        const float pkm = ps[k][mm];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(pkm, xs[m0 + mm][half + i], acc[i]);
+      }
     }
-    __syncthreads();
+    __syncthreads();  // every thread's reads of xs done
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       xs[k][half + i] = acc[i];

@@ -36,9 +36,12 @@ use crate::facts::{BT, BV};
 pub const MIN_SEGMENT_CHUNKS: i64 = 32;
 /// The most segments the rule picks.
 pub const MAX_SEGMENTS: i64 = 16;
-/// Whether the split is on by default (else only under `KDA_DHU_SM90_SPLIT`): off until
-/// its A/B on the H200 (benches/NOTES.md, "The sequence split").
-pub const DEFAULT_ON: bool = false;
+/// Whether the rule runs by default (else only under `KDA_DHU_SM90_SPLIT=on`). On: the
+/// A/B on the H200 (same process as fla, benches/results/2026-12-03-NVIDIA_H200-variants-1af6b37.json)
+/// measured B1 T65536 H16 1.142 -> 0.855 ms with every other row it ran unchanged, and the
+/// kernel times of benches/split_profile.py B1 T65536 H8 1157 -> 540 us, H4 1192 -> 378 us
+/// (benches/NOTES.md, "The sequence split").
+pub const DEFAULT_ON: bool = true;
 /// V columns per CTA of the merge kernel (cuda/dhu_seg_merge.cuh's COLS).
 pub const MERGE_COLS: i64 = 16;
 
