@@ -97,6 +97,8 @@ CASES = {
     "kda_varlen_t32768_h32": dict(op="kda", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=VARLEN_RANGE),
     # one long sequence: 64 CTAs, half a wave on an H200
     "kda_b1_t65536_h32": dict(op="kda", B=1, T=65536, H=32, HV=32, K=128, V=128, varlen=None),
+    # 16 heads: 32 CTAs, stage 4 split in three segments (src/split.rs)
+    "kda_b1_t65536_h16": dict(op="kda", B=1, T=65536, H=16, HV=16, K=128, V=128, varlen=None),
     "gdn_b8_t4096_h32": dict(op="gdn", B=8, T=4096, H=32, HV=32, K=128, V=128, varlen=None),
     "gdn_varlen_t32768_h32": dict(op="gdn", B=1, T=32768, H=32, HV=32, K=128, V=128, varlen=VARLEN_RANGE),
 }

@@ -884,8 +884,7 @@ fn launch_split(
         }
     };
     let result = (|| {
-        let (p1, p2) = split_params(&params, sp, u, x);
-        let mut p1 = p1;
+        let (mut p1, mut p2) = split_params(&params, sp, u, x);
         let slot = split::summary_slot(config.k, config.dtype, config.svf);
         one.run(
             SPLIT_ENTRIES[slot],
@@ -913,7 +912,6 @@ fn launch_split(
                 &mut svf as *mut i32 as *mut c_void,
             ],
         )?;
-        let mut p2 = p2;
         one.run(name, f, config.grid, block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
     })();
     let freed = one.free(x).and(one.free(u));

@@ -29,7 +29,8 @@ use crate::plan::{Arch, DeviceInfo};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
 
-use crate::facts::{BT, BV};
+use crate::facts::BV;
+use crate::varlen::chunks;
 
 /// Chunks per segment below which the rule does not split: the two extra launches and the
 /// merge cost a few microseconds, a segment of 32 chunks about 35 us at K = V = 128.
@@ -63,10 +64,6 @@ pub enum SplitSwitch {
     Off,
     /// An integer >= 2: that many segments wherever a split can run (tests, measurements).
     Segments(u32),
-}
-
-fn chunks(t: i64) -> i64 {
-    (t + BT - 1) / BT
 }
 
 /// CTAs of the first pass and of the second (one warpgroup per CTA) with S segments.
