@@ -12,7 +12,7 @@
 //! envelope only (gk gate, H == HV, dense, dht given, T % 64 == 0), under every rule,
 //! with no CTA floor of its own (B2a keeps its 256-CTA floor).
 
-use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
+use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_DV_INIT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
 use crate::split::{self, Split};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
@@ -428,6 +428,9 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_OFFSETS_I32;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
+    if arch == Arch::Sm90 && !desc.has_g && crate::env::sm90_dv_init() {
+        flags |= FLAG_DV_INIT;
+    }
     let split = split::split(desc, dev, arch, crate::env::sm90_split());
     // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
     let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
