@@ -26,8 +26,9 @@
 //
 // fla's rounding points are kept: b is rounded to q.dtype before k.b (DV's A fragment),
 // dv2 is rounded before w^T.dv2 (WD's A fragment), and scale multiplies the fp32 QD
-// accumulator; dv is added to the fp32 DV after the dot, as fla adds it (FLAG_DV_INIT,
-// a measurement switch without g: DV's accumulator starts from dv^T instead).
+// accumulator; dv is added to the fp32 DV after the dot, as fla adds it, or, without g,
+// DV's accumulator starts from dv^T (FLAG_DV_INIT, the planner's default where the kernel
+// has the code: the same sum in another fp32 order).
 //
 // Fragment geometry. An m64nNk16 accumulator element i = 4j + 2h + c of thread t (warp
 // w = t / 32, lane l) sits at row 16w + l/4 + 8h, column 8j + 2(l%4) + c (FragGeom in
@@ -295,8 +296,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const bool use_gk = p.flags & FLAG_GK;
   // DV's accumulator starts from dv^T (no g: dv2 = DV + dv), loaded while the previous
   // chunk's WD runs, so that the dv2 epilogue is the packs alone; else DV starts from zero
-  // and the epilogue adds dv^T after the dot (fla's order).
-  // Not with two warpgroups at K = 128: dv live across WD spills in their 240 registers.
+  // and the epilogue adds dv^T after the dot (fla's order). The planner decides
+  // (plan::dv_init); no such code with two warpgroups at K = 128, where dv live across WD
+  // spills in their 240 registers.
   const bool dv_init = (NWG == 1 || K == 64) && (p.flags & FLAG_DV_INIT) && !use_g;
 
   // The sequence's extent, checked before anything is loaded or stored (scratch: stage
@@ -334,6 +336,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
     const uint32_t tx_bytes = ident_p ? uint32_t(2 * Map::KTILE) : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
+    // KDA_DHU_SM90_L2_PREFETCH: chunks between a chunk's loads and its L2 prefetch (0: none).
+    const int l2_ahead = NWG == 1 ? int((p.flags >> L2_AHEAD_SHIFT) & L2_AHEAD_MASK) : 0;
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
     // registers is refilled right after its chunk's gates are written, so no register copy
@@ -402,6 +406,22 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
             const int v0 = (blockIdx.x * NWG + wg) * BV;
             SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
             SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+          }
+          // The same tiles of the chunk l2_ahead chunks older, into L2 only (no barrier, no
+          // shared memory), so that its loads, issued l2_ahead chunks later, hit L2. One
+          // warpgroup only: the two-warpgroup producer's 24 registers would spill.
+          if (NWG == 1 && l2_ahead > 0 && i + l2_ahead < NC) {
+            const int tp = t0 - l2_ahead * BT;
+            for (int kb = 0; kb < KB; ++kb) {
+              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_k, kb * 64, h, tp, b_row);
+              if (!ident_p) SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_q, kb * 64, h, tp, b_row);
+              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_w, kb * 64, hv, tp, b_row);
+            }
+            for (int wg = 0; wg < NWG && !ident_p; ++wg) {
+              const int v0 = (blockIdx.x * NWG + wg) * BV;
+              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_do, v0, hv, tp, b_row);
+              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_dv, v0, hv, tp, b_row);
+            }
           }
         }
         if (use_gk) {
