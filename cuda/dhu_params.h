@@ -44,9 +44,6 @@ enum DhuFlags : uint32_t {
   FLAG_CU_I32 = 1u << 5,     // cu_seqlens is int32 (else int64)
   FLAG_OFFSETS_I32 = 1u << 6,  // chunk_offsets is int32 (else int64)
   FLAG_DV_INIT = 1u << 7,    // sm_90a, no g: DV's accumulator starts from dv^T (KDA_DHU_SM90_DV_INIT)
-  // sm_90a: bits [8, 12) hold the L2 prefetch distance in chunks, 0 = none (KDA_DHU_SM90_L2_PREFETCH)
-  L2_AHEAD_SHIFT = 8,
-  L2_AHEAD_MASK = 0xFu,
 };
 
 // Input errors found on the device (packed batches), in host-mapped pinned memory, one

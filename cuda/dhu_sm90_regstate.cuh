@@ -336,8 +336,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
     const uint32_t tx_bytes = ident_p ? uint32_t(2 * Map::KTILE) : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
-    // KDA_DHU_SM90_L2_PREFETCH: chunks between a chunk's loads and its L2 prefetch (0: none).
-    const int l2_ahead = NWG == 1 ? int((p.flags >> L2_AHEAD_SHIFT) & L2_AHEAD_MASK) : 0;
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
     // registers is refilled right after its chunk's gates are written, so no register copy
@@ -406,22 +404,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
             const int v0 = (blockIdx.x * NWG + wg) * BV;
             SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
             SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
-          }
-          // The same tiles of the chunk l2_ahead chunks older, into L2 only (no barrier, no
-          // shared memory), so that its loads, issued l2_ahead chunks later, hit L2. One
-          // warpgroup only: the two-warpgroup producer's 24 registers would spill.
-          if (NWG == 1 && l2_ahead > 0 && i + l2_ahead < NC) {
-            const int tp = t0 - l2_ahead * BT;
-            for (int kb = 0; kb < KB; ++kb) {
-              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_k, kb * 64, h, tp, b_row);
-              if (!ident_p) SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_q, kb * 64, h, tp, b_row);
-              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_w, kb * 64, hv, tp, b_row);
-            }
-            for (int wg = 0; wg < NWG && !ident_p; ++wg) {
-              const int v0 = (blockIdx.x * NWG + wg) * BV;
-              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_do, v0, hv, tp, b_row);
-              SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_dv, v0, hv, tp, b_row);
-            }
           }
         }
         if (use_gk) {

@@ -9,7 +9,6 @@
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
 //! | `KDA_DHU_SM90_SPLIT` | `on`, `off`, an integer >= 2 | Hopper kernel, dense calls: the sequence split below one wave (src/split.rs): `on` where its rule picks one, `off` never, `N` N segments wherever a split can run (tests, measurements); unset: the default (`split::DEFAULT_ON`) |
 //! | `KDA_DHU_SM90_DV_INIT` | `on`, `off` | Hopper kernel (one warpgroup per CTA, or K = 64), calls without the scalar gate g: DV's accumulator starts from dv^T, loaded while the previous chunk's w^T dv2 product runs (`on`), or from zero with dv^T added after the dot, fla's order (`off`); unset: the default (`plan::DV_INIT_DEFAULT`; benches/NOTES.md, "dv in DV's accumulator") |
-//! | `KDA_DHU_SM90_L2_PREFETCH` | an integer 1..15 | Hopper kernel: the producer also prefetches into L2 the tiles of the chunk that many chunks past the one it loads (`cp.async.bulk.prefetch.tensor`); unset or `off`: none (a measurement switch; benches/NOTES.md, "L2 prefetch") |
 //! | `KDA_DHU_SM100` | `check`, `wait`, `on`, `off` | Blackwell kernel (python/kda_dhu/_selfcheck.py): unset or `check`, each shape signature runs fla until a check in a child process passed it (in the background); `wait`, the signature's first call waits for that verdict; `on`, the kernel runs unchecked; `off`, never |
 //! | `KDA_DHU_CACHE_DIR` | a folder | where the Blackwell kernel's check keeps its verdicts (else `$XDG_CACHE_HOME/kda_dhu`, else `~/.cache/kda_dhu`): a path, so read as it is (not lower-cased) by python/kda_dhu/_selfcheck_cache.py, not here |
 //! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
@@ -50,7 +49,6 @@ pub const CHECK_INPUTS: &str = "KDA_DHU_CHECK_INPUTS";
 pub const SM90_NWG: &str = "KDA_DHU_SM90_NWG";
 pub const SM90_SPLIT: &str = "KDA_DHU_SM90_SPLIT";
 pub const SM90_DV_INIT: &str = "KDA_DHU_SM90_DV_INIT";
-pub const SM90_L2_PREFETCH: &str = "KDA_DHU_SM90_L2_PREFETCH";
 pub const SM100: &str = "KDA_DHU_SM100";
 pub const NO_EXCHANGE_API: &str = "KDA_DHU_NO_EXCHANGE_API";
 pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
@@ -59,7 +57,7 @@ pub const IMAGE_FILE: &str = "KDA_DHU_IMAGE_FILE";
 
 /// The switches read at each call: they change what a call runs. The others are read once
 /// (on import, when a device first loads its kernels) or choose how tensors are read.
-pub const PER_CALL: &[&str] = &[FORCE, CHECK_INPUTS, SM90_NWG, SM90_SPLIT, SM90_DV_INIT, SM90_L2_PREFETCH, SM100];
+pub const PER_CALL: &[&str] = &[FORCE, CHECK_INPUTS, SM90_NWG, SM90_SPLIT, SM90_DV_INIT, SM100];
 
 /// Every switch, with its meaning (the table above), for `_core.switches()` and --doctor.
 pub const SWITCHES: &[(&str, &str)] = &[
@@ -70,10 +68,6 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (
         SM90_DV_INIT,
         "on|off: Hopper kernel without g: DV's accumulator starts from dv^T (on) or zero (off, fla's order)",
-    ),
-    (
-        SM90_L2_PREFETCH,
-        "N|off: Hopper kernel's producer prefetches into L2 the chunk N past the one it loads (measurements)",
     ),
     (SM100, "check|wait|on|off: the Blackwell kernel's check in a child process (on: unchecked, off: never)"),
     (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
@@ -125,15 +119,6 @@ pub fn sm90_dv_init() -> Option<bool> {
         Some("on" | "1") => Some(true),
         Some("off") => Some(false),
         _ => None,
-    }
-}
-
-/// `KDA_DHU_SM90_L2_PREFETCH`: the distance in chunks, 1..=15 (`abi::L2_AHEAD_MASK`); 0
-/// (none) when unset, `off` or another value.
-pub fn sm90_l2_prefetch() -> u32 {
-    match value(SM90_L2_PREFETCH).map(|v| v.parse::<u32>()) {
-        Some(Ok(n)) if (1..=crate::abi::L2_AHEAD_MASK).contains(&n) => n,
-        _ => 0,
     }
 }
 

@@ -12,9 +12,7 @@
 //! envelope only (gk gate, H == HV, dense, dht given, T % 64 == 0), under every rule,
 //! with no CTA floor of its own (B2a keeps its 256-CTA floor).
 
-use crate::abi::{
-    FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_DV_INIT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN, L2_AHEAD_SHIFT,
-};
+use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_DV_INIT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
 use crate::split::{self, Split};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
@@ -434,14 +432,8 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
     // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
     let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
     let nwg = warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override());
-    if arch == Arch::Sm90 {
-        if dv_init(desc, nwg, crate::env::sm90_dv_init()) {
-            flags |= FLAG_DV_INIT;
-        }
-        // One warpgroup only (the kernel's two-warpgroup producer has no such code).
-        if nwg == 1 {
-            flags |= crate::env::sm90_l2_prefetch() << L2_AHEAD_SHIFT;
-        }
+    if arch == Arch::Sm90 && dv_init(desc, nwg, crate::env::sm90_dv_init()) {
+        flags |= FLAG_DV_INIT;
     }
     Plan::Kernel {
         arch,
