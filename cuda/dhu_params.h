@@ -43,7 +43,6 @@ enum DhuFlags : uint32_t {
   FLAG_VARLEN = 1u << 4,     // cu_seqlens present, B == 1
   FLAG_CU_I32 = 1u << 5,     // cu_seqlens is int32 (else int64)
   FLAG_OFFSETS_I32 = 1u << 6,  // chunk_offsets is int32 (else int64)
-  FLAG_DV_INIT = 1u << 7,    // sm_90a, no g: DV's accumulator starts from dv^T (KDA_DHU_SM90_DV_INIT)
 };
 
 // Input errors found on the device (packed batches), in host-mapped pinned memory, one

@@ -26,9 +26,7 @@
 //
 // fla's rounding points are kept: b is rounded to q.dtype before k.b (DV's A fragment),
 // dv2 is rounded before w^T.dv2 (WD's A fragment), and scale multiplies the fp32 QD
-// accumulator; dv is added to the fp32 DV after the dot, as fla adds it, or, without g,
-// DV's accumulator starts from dv^T (FLAG_DV_INIT, the planner's default where the kernel
-// has the code: the same sum in another fp32 order).
+// accumulator; dv is added to the fp32 DV after the dot, as fla adds it.
 //
 // Fragment geometry. An m64nNk16 accumulator element i = 4j + 2h + c of thread t (warp
 // w = t / 32, lane l) sits at row 16w + l/4 + 8h, column 8j + 2(l%4) + c (FragGeom in
@@ -294,12 +292,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const bool varlen = p.flags & FLAG_VARLEN;
   const bool use_g = p.flags & FLAG_G;
   const bool use_gk = p.flags & FLAG_GK;
-  // DV's accumulator starts from dv^T (no g: dv2 = DV + dv), loaded while the previous
-  // chunk's WD runs, so that the dv2 epilogue is the packs alone; else DV starts from zero
-  // and the epilogue adds dv^T after the dot (fla's order). The planner decides
-  // (plan::dv_init); no such code with two warpgroups at K = 128, where dv live across WD
-  // spills in their 240 registers.
-  const bool dv_init = (NWG == 1 || K == 64) && (p.flags & FLAG_DV_INIT) && !use_g;
 
   // The sequence's extent, checked before anything is loaded or stored (scratch: stage
   // 0's first bytes, free until the barrier below), kept in shared memory across the
@@ -501,7 +493,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
   float b[NS];        // b^T [64 v, K], fp32
   float qd[NS];       // QD^T [64 v, K]
-  float dv[ND];       // DV^T [64 v, 64 t] (dv_init: starts from dv^T)
+  float dv[ND];       // DV^T [64 v, 64 t] (starts from dv^T without g)
   uint32_t ab[NA];    // bf16(b^T): DV's A fragment, and the dh checkpoint
   uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment, and the dv2 tile
 
@@ -626,19 +618,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     CUTE_UNROLL
     for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
   };
-  // dv_init: dv^T of a stage, widened to fp32, as DV's initial accumulator.
-  auto load_dv_acc = [&](int stage) {
-    uint32_t r[ND / 2];
-    CUTE_UNROLL
-    for (int kt = 0; kt < BT / 16; ++kt)
-      ldsm_x4_trans(smem_u32 + stage * Map::STAGE + DV_OFF + kt * 2048 + lane_tr, &r[4 * kt]);
-    CUTE_UNROLL
-    for (int j = 0; j < ND / 2; ++j) {
-      const float2 f = widen2<T>(r[j]);
-      dv[2 * j] = f.x;
-      dv[2 * j + 1] = f.y;
-    }
-  };
 
   // The chunks (the schedule above). On entry to chunk i: b = b_i, stage s full and
   // prepared, no wgmma in flight. DEFER_DV2: dv2_i is staged and stored while DV_{i+1} runs,
@@ -686,7 +665,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     else
       wg_sync();
   }
-  if (dv_init) load_dv_acc(0);
   int s = 0;
   uint32_t phase = 0;  // full[s]'s phase for chunk i
   for (int i = 0; i < NC; ++i) {
@@ -704,22 +682,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     CUTE_UNROLL
     for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
 
-    // DV^T = bf16(b^T) . k^T, from zero (dv_init: from dv^T).
+    // DV^T = bf16(b^T) . k^T, from zero.
     {
       auto tB = k_descs(s);
       fence_regs(ab);
       fence_regs(dv);
       warpgroup_arrive();
-      // Two instruction streams, so that ptxas sees DV's first product overwrite dv
-      // (a runtime scale-d would keep dv live across the fold: spills at K = 128).
-      if (dv_init) {
-        CUTE_UNROLL
-        for (int kb = 0; kb < K / 16; ++kb) rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, GMMA::ScaleOut::One);
-      } else {
-        CUTE_UNROLL
-        for (int kb = 0; kb < K / 16; ++kb)
-          rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
-      }
+      CUTE_UNROLL
+      for (int kb = 0; kb < K / 16; ++kb)
+        rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
       warpgroup_commit_batch();
       fence_regs(dv);
     }
@@ -748,19 +719,14 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     issue_qd(s);
     // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
     uint32_t dvr[ND / 2];
-    if (!dv_init) {
-      CUTE_UNROLL
-      for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
-    }
+    CUTE_UNROLL
+    for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
     warpgroup_wait<1>();
     fence_regs(dv);
-    if (dv_init) {
-      CUTE_UNROLL
-      for (int j = 0; j < ND / 2; ++j) adv2[j] = pack2<T>(dv[2 * j], dv[2 * j + 1]);
-    } else {
+    {
       const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
       CUTE_UNROLL
       for (int kt = 0; kt < BT / 16; ++kt) {
@@ -829,7 +795,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // and stored while DV_{i+1} runs, or after the loop; else below.)
     if (!last) {
       wait_bar(&full_bar[ns], nphase);
-      if (dv_init) load_dv_acc(ns);
       if (use_g) {
         prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
         if (DEFER_DV2) {

@@ -15,7 +15,6 @@ pub const FLAG_DH0: u32 = 1 << 3;
 pub const FLAG_VARLEN: u32 = 1 << 4;
 pub const FLAG_CU_I32: u32 = 1 << 5;
 pub const FLAG_OFFSETS_I32: u32 = 1 << 6;
-pub const FLAG_DV_INIT: u32 = 1 << 7;
 
 /// Mirror of `DhuError`: the host-mapped record of an input error found on the device.
 #[repr(C)]
@@ -216,9 +215,9 @@ mod tests {
             src.push_str(&format!("  printf(\" %zu\", offsetof(DhuParams, {name}));\n"));
         }
         src.push_str(
-            "  printf(\" %u %u %u %u %u %u %u %u\", (unsigned)kda_dhu::FLAG_G, (unsigned)kda_dhu::FLAG_GK, \
+            "  printf(\" %u %u %u %u %u %u %u\", (unsigned)kda_dhu::FLAG_G, (unsigned)kda_dhu::FLAG_GK, \
              (unsigned)kda_dhu::FLAG_DHT, (unsigned)kda_dhu::FLAG_DH0, (unsigned)kda_dhu::FLAG_VARLEN, \
-             (unsigned)kda_dhu::FLAG_CU_I32, (unsigned)kda_dhu::FLAG_OFFSETS_I32, (unsigned)kda_dhu::FLAG_DV_INIT);\n",
+             (unsigned)kda_dhu::FLAG_CU_I32, (unsigned)kda_dhu::FLAG_OFFSETS_I32);\n",
         );
         src.push_str(
             "  printf(\" %zu %zu %zu %zu %zu\", sizeof(kda_dhu::DhuError), offsetof(kda_dhu::DhuError, code), \
@@ -257,15 +256,14 @@ mod tests {
         }
         let flags = 2 + C_OFFSETS.len();
         assert_eq!(
-            &nums[flags..flags + 8],
-            &[FLAG_G, FLAG_GK, FLAG_DHT, FLAG_DH0, FLAG_VARLEN, FLAG_CU_I32, FLAG_OFFSETS_I32, FLAG_DV_INIT]
-                .map(|f| f as usize)
+            &nums[flags..flags + 7],
+            &[FLAG_G, FLAG_GK, FLAG_DHT, FLAG_DH0, FLAG_VARLEN, FLAG_CU_I32, FLAG_OFFSETS_I32].map(|f| f as usize)
         );
         let e = std::mem::offset_of!(DhuError, nt);
-        assert_eq!(&nums[flags + 8..flags + 13], &[std::mem::size_of::<DhuError>(), 0, 4, 8, e], "DhuError layout");
+        assert_eq!(&nums[flags + 7..flags + 12], &[std::mem::size_of::<DhuError>(), 0, 4, 8, e], "DhuError layout");
         use crate::varlen::*;
         assert_eq!(
-            &nums[flags + 13..],
+            &nums[flags + 12..],
             &[ERR_FIRST_OFFSET, ERR_DECREASING, ERR_PAST_T, ERR_OFFSETS, ERR_PAST_NT].map(|c| c as usize),
             "error codes"
         );

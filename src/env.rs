@@ -8,7 +8,6 @@
 //! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
 //! | `KDA_DHU_SM90_SPLIT` | `on`, `off`, an integer >= 2 | Hopper kernel, dense calls: the sequence split below one wave (src/split.rs): `on` where its rule picks one, `off` never, `N` N segments wherever a split can run (tests, measurements); unset: the default (`split::DEFAULT_ON`) |
-//! | `KDA_DHU_SM90_DV_INIT` | `on`, `off` | Hopper kernel (one warpgroup per CTA, or K = 64), calls without the scalar gate g: DV's accumulator starts from dv^T, loaded while the previous chunk's w^T dv2 product runs (`on`), or from zero with dv^T added after the dot, fla's order (`off`); unset: the default (`plan::DV_INIT_DEFAULT`; benches/NOTES.md, "dv in DV's accumulator") |
 //! | `KDA_DHU_SM100` | `check`, `wait`, `on`, `off` | Blackwell kernel (python/kda_dhu/_selfcheck.py): unset or `check`, each shape signature runs fla until a check in a child process passed it (in the background); `wait`, the signature's first call waits for that verdict; `on`, the kernel runs unchecked; `off`, never |
 //! | `KDA_DHU_CACHE_DIR` | a folder | where the Blackwell kernel's check keeps its verdicts (else `$XDG_CACHE_HOME/kda_dhu`, else `~/.cache/kda_dhu`): a path, so read as it is (not lower-cased) by python/kda_dhu/_selfcheck_cache.py, not here |
 //! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
@@ -48,7 +47,6 @@ pub const FORCE: &str = "KDA_DHU_FORCE";
 pub const CHECK_INPUTS: &str = "KDA_DHU_CHECK_INPUTS";
 pub const SM90_NWG: &str = "KDA_DHU_SM90_NWG";
 pub const SM90_SPLIT: &str = "KDA_DHU_SM90_SPLIT";
-pub const SM90_DV_INIT: &str = "KDA_DHU_SM90_DV_INIT";
 pub const SM100: &str = "KDA_DHU_SM100";
 pub const NO_EXCHANGE_API: &str = "KDA_DHU_NO_EXCHANGE_API";
 pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
@@ -57,7 +55,7 @@ pub const IMAGE_FILE: &str = "KDA_DHU_IMAGE_FILE";
 
 /// The switches read at each call: they change what a call runs. The others are read once
 /// (on import, when a device first loads its kernels) or choose how tensors are read.
-pub const PER_CALL: &[&str] = &[FORCE, CHECK_INPUTS, SM90_NWG, SM90_SPLIT, SM90_DV_INIT, SM100];
+pub const PER_CALL: &[&str] = &[FORCE, CHECK_INPUTS, SM90_NWG, SM90_SPLIT, SM100];
 
 /// Every switch, with its meaning (the table above), for `_core.switches()` and --doctor.
 pub const SWITCHES: &[(&str, &str)] = &[
@@ -65,10 +63,6 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (CHECK_INPUTS, "1: check packed-batch tables on the host before each call (synchronizes)"),
     (SM90_NWG, "1|2: Hopper kernel's consumer warpgroups per CTA (measurements)"),
     (SM90_SPLIT, "on|off|N: Hopper kernel's sequence split below one wave (N: that many segments)"),
-    (
-        SM90_DV_INIT,
-        "on|off: Hopper kernel without g: DV's accumulator starts from dv^T (on) or zero (off, fla's order)",
-    ),
     (SM100, "check|wait|on|off: the Blackwell kernel's check in a child process (on: unchecked, off: never)"),
     (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
@@ -108,16 +102,6 @@ pub fn sm90_nwg() -> Option<u32> {
     match value(SM90_NWG).as_deref() {
         Some("1") => Some(1),
         Some("2") => Some(2),
-        _ => None,
-    }
-}
-
-/// `KDA_DHU_SM90_DV_INIT`: Some(true) for `on` (or `1`), Some(false) for `off`; None
-/// (the default) when unset or another value.
-pub fn sm90_dv_init() -> Option<bool> {
-    match value(SM90_DV_INIT).as_deref() {
-        Some("on" | "1") => Some(true),
-        Some("off") => Some(false),
         _ => None,
     }
 }

@@ -12,7 +12,7 @@
 //! envelope only (gk gate, H == HV, dense, dht given, T % 64 == 0), under every rule,
 //! with no CTA floor of its own (B2a keeps its 256-CTA floor).
 
-use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_DV_INIT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
+use crate::abi::{FLAG_CU_I32, FLAG_DH0, FLAG_DHT, FLAG_G, FLAG_GK, FLAG_OFFSETS_I32, FLAG_VARLEN};
 use crate::split::{self, Split};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
@@ -432,9 +432,6 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
     // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
     let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
     let nwg = warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override());
-    if arch == Arch::Sm90 && dv_init(desc, nwg, crate::env::sm90_dv_init()) {
-        flags |= FLAG_DV_INIT;
-    }
     Plan::Kernel {
         arch,
         config: KernelConfig {
@@ -447,21 +444,6 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
             split,
         },
     }
-}
-
-/// Whether the sm_90a kernel starts DV's accumulator from dv^T (FLAG_DV_INIT) unless
-/// `KDA_DHU_SM90_DV_INIT` says otherwise: measured faster below one wave (1.05-1.09x at
-/// B1 T65536 H16 / H32, the GVA and tail rows) and the same on the dense rows
-/// (benches/NOTES.md, "dv in DV's accumulator"; record variants-5b546ed.json).
-pub const DV_INIT_DEFAULT: bool = true;
-
-/// FLAG_DV_INIT for a call on sm_90a with `nwg` consumer warpgroups: without the scalar
-/// gate g (dv2 = DV + dv, no per-column gate after the dot) and where the kernel holds dv
-/// across w^T dv2 without spills (one warpgroup, or K = 64; the kernel has no such code in
-/// its two-warpgroup K = 128 instances). `switch`: `KDA_DHU_SM90_DV_INIT` (None: the
-/// default).
-pub fn dv_init(desc: &CallDesc, nwg: u32, switch: Option<bool>) -> bool {
-    !desc.has_g && (nwg == 1 || desc.dims.k == 64) && switch.unwrap_or(DV_INIT_DEFAULT)
 }
 
 /// Consumer warpgroups per CTA on sm_90a. Two (one CTA per 128 V columns of a head: k, q,
@@ -688,34 +670,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn dv_init_where_the_kernel_has_it() {
-        let d = base();
-        // Without g, one warpgroup: the default, unless the switch says off.
-        assert!(dv_init(&d, 1, None));
-        assert!(dv_init(&d, 1, Some(true)));
-        assert!(!dv_init(&d, 1, Some(false)));
-        // Two warpgroups: only at K = 64 (no such code at K = 128).
-        assert!(!dv_init(&d, 2, Some(true)));
-        let mut k64 = base();
-        k64.dims.k = 64;
-        assert!(dv_init(&k64, 2, None));
-        // The scalar gate g: never (dv2 = gate . DV + dv).
-        let mut g = base();
-        g.has_gk = false;
-        g.has_g = true;
-        assert!(!dv_init(&g, 1, Some(true)));
-        // The plan carries it: a base call (one warpgroup) has the flag, a dense call
-        // with two warpgroups at K = 128 has not.
-        let Plan::Kernel { config, .. } = plan(&d, &H200, Rule::Extended) else { panic!() };
-        assert_eq!((config.nwg, config.flags & FLAG_DV_INIT), (1, FLAG_DV_INIT));
-        let mut dense = base();
-        dense.dims.b = 16;
-        dense.dims.n = 16;
-        let Plan::Kernel { config, .. } = plan(&dense, &H200, Rule::Extended) else { panic!() };
-        assert_eq!((config.nwg, config.flags & FLAG_DV_INIT), (2, 0));
-    }
-
-    #[test]
     fn base_case_is_a_kernel_under_both_rules() {
         for rule in [Rule::B2a, Rule::Extended] {
             let p = plan(&base(), &H200, rule);
@@ -724,7 +678,7 @@ pub(crate) mod tests {
             assert_eq!(arch, Arch::Sm90);
             assert_eq!(config.grid, [2, 32, 4]);
             assert_eq!(config.k, 128);
-            assert_eq!(config.flags, FLAG_GK | FLAG_DHT | FLAG_DH0 | FLAG_DV_INIT);
+            assert_eq!(config.flags, FLAG_GK | FLAG_DHT | FLAG_DH0);
             assert_eq!(config.entry_point(arch), "kda_dhu_sm90_rs_k128_bf16");
         }
     }
@@ -891,7 +845,7 @@ pub(crate) mod tests {
         let mut d = base();
         d.has_gk = false;
         let Plan::Kernel { config, .. } = plan(&d, &H200, Rule::Extended) else { panic!() };
-        assert_eq!(config.flags, FLAG_DHT | FLAG_DH0 | FLAG_DV_INIT);
+        assert_eq!(config.flags, FLAG_DHT | FLAG_DH0);
         // A single CTA is still a kernel (MIN_CTAS_EXTENDED = 1).
         let mut d = base();
         d.dims = Dims { b: 1, t: 64, h: 1, hv: 1, k: 128, v: 64, n: 1 };

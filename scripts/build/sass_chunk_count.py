@@ -32,8 +32,6 @@ FLAGS = """  const bool varlen = p.flags & FLAG_VARLEN;
   const bool use_gk = p.flags & FLAG_GK;
 """
 CONFIGS = {"gk": (False, True), "none": (False, False), "g": (True, False)}
-# The FLAG_DV_INIT switch (KDA_DHU_SM90_DV_INIT), made a constant like the gates.
-DV_INIT = "(p.flags & FLAG_DV_INIT)"
 
 
 def toolchain():
@@ -122,7 +120,6 @@ def segments(body):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", default="rs_k128_bf16,rs_k64_bf16")
-    ap.add_argument("--dv-init", choices=("off", "on", "both"), default="off", help="FLAG_DV_INIT off, on, or each")
     args = ap.parse_args(argv)
     nvcc, cut, nvdisasm = toolchain()
     entries = [f"kda_dhu_sm90_{e}" for e in args.entries.split(",")]
@@ -135,12 +132,14 @@ def main(argv=None) -> int:
             p = os.path.join(src, path)
             with open(p) as f:
                 text = f.read()
-            assert FLAGS in text and DV_INIT in text, f"{path}: the flag lines this script replaces changed"
-            text = text.replace(
-                FLAGS, "  const bool varlen = CNT_VARLEN;\n  const bool use_g = CNT_G;\n  const bool use_gk = CNT_GK;\n"
-            )
+            assert FLAGS in text, f"{path}: the flag lines this script replaces changed"
             with open(p, "w") as f:
-                f.write(text.replace(DV_INIT, "CNT_DV_INIT"))
+                f.write(
+                    text.replace(
+                        FLAGS,
+                        "  const bool varlen = CNT_VARLEN;\n  const bool use_g = CNT_G;\n  const bool use_gk = CNT_GK;\n",
+                    )
+                )
         with open(os.path.join(src, "dhu_sm90.cu")) as f:
             lines = f.read().splitlines()
         for name in entries:
@@ -151,14 +150,11 @@ def main(argv=None) -> int:
             ]
             with open(os.path.join(src, "one.cu"), "w") as f:
                 f.write("\n".join(one) + "\n")
-            dv_inits = {"off": (False,), "on": (True,), "both": (False, True)}[args.dv_init]
-            for cfg, (g, gk), dvi in ((c, f, d) for c, f in CONFIGS.items() for d in dv_inits):
-                if dvi:
-                    cfg += " dv_init"
+            for cfg, (g, gk) in CONFIGS.items():
                 cubin = os.path.join(tmp, "one.cubin")
                 cmd = [nvcc, "-cubin", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
                        "--expt-relaxed-constexpr", "-DNDEBUG", "-I", src, "-I", cut, "-DCNT_VARLEN=false",
-                       f"-DCNT_G={'true' if g else 'false'}", f"-DCNT_GK={'true' if gk else 'false'}", f"-DCNT_DV_INIT={'true' if dvi else 'false'}",
+                       f"-DCNT_G={'true' if g else 'false'}", f"-DCNT_GK={'true' if gk else 'false'}",
                        "-o", cubin, os.path.join(src, "one.cu")]  # fmt: skip
                 subprocess.run(cmd, check=True, capture_output=True)
                 sass = subprocess.run(
