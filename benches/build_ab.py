@@ -170,20 +170,19 @@ def main(argv=None) -> int:
         for lab, _ in wheels
         if any(p["label"] == lab for p in procs)
     }
+    # Ratios to the baseline, where its processes ran.
+    ratio_labs = [lab for lab in med if lab != base] if base in med else []
+    head = ["shape", *med, *(f"{lab} / {base}" for lab in ratio_labs)]
     print(f"\n{procs[0]['gpu']}, torch {procs[0]['torch']}; GPU ms, median of processes")
-    print(
-        "| shape | "
-        + " | ".join(med)
-        + " | "
-        + " | ".join(f"{lab} / {base}" for lab in med if lab != base)
-        + " |"
-    )
-    print("|---" * (1 + 2 * len(med) - 1) + "|")
+    print("| " + " | ".join(head) + " |")
+    print("|---" * len(head) + "|")
     for n in names:
-        ratios = [f"{med[lab][n] / med[base][n]:.3f}" for lab in med if lab != base and base in med]
-        print(
-            f"| {n} | " + " | ".join(f"{med[lab][n]:.4f}" for lab in med) + " | " + " | ".join(ratios) + " |"
-        )
+        cells = [
+            n,
+            *(f"{med[lab][n]:.4f}" for lab in med),
+            *(f"{med[lab][n] / med[base][n]:.3f}" for lab in ratio_labs),
+        ]
+        print("| " + " | ".join(cells) + " |")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         record = {

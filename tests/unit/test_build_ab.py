@@ -81,3 +81,29 @@ def test_a_mistyped_shape_is_named(tmp_path):
     )
     assert proc.returncode == 2
     assert "unknown shape(s) ['b1_t65536']" in proc.stderr
+
+
+def test_medians_and_ratios_from_the_processes(tmp_path, monkeypatch, capsys):
+    """The parent's arithmetic on stand-in processes: each build's median over its rounds,
+    its ratio to the first build, in the table and in build_ab.json."""
+    import json
+    import types
+
+    times = {"old": iter([1.0, 3.0, 2.0]), "new": iter([2.2, 2.0, 9.0])}
+
+    def run(cmd, **kw):
+        if "--child" not in cmd:
+            return types.SimpleNamespace(returncode=0)
+        label = cmd[cmd.index("--child") + 1]
+        rec = {"label": label, "kda_dhu": "x", "gpu": "G", "torch": "t", "b1_t65536_h32": next(times[label])}
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps(rec) + "\n", stderr="")
+
+    monkeypatch.setattr(build_ab.subprocess, "run", run)
+    a = _wheel(tmp_path / "old")
+    b = _wheel(tmp_path / "new")
+    argv = ["--wheels", f"old={a}", f"new={b}", "--shapes", "b1_t65536_h32", "--out", str(tmp_path / "out")]
+    assert build_ab.main(argv) == 0
+    assert "| b1_t65536_h32 | 2.0000 | 2.2000 | 1.100 |" in capsys.readouterr().out
+    record = json.load(open(tmp_path / "out" / "build_ab.json"))
+    assert record["median_ms"] == {"old": {"b1_t65536_h32": 2.0}, "new": {"b1_t65536_h32": 2.2}}
+    assert record["failed_processes"] == 0
