@@ -25,6 +25,12 @@
 //! CUDA12_HOME (a CUDA 12.8+ toolkit) or the PyPI wheels `nvidia-cuda-nvrtc-cu12`,
 //! `nvidia-cuda-runtime-cu12`, `nvidia-cuda-cccl-cu12` of the same Pythons. The
 //! CUTLASS/CuTe headers come from CUTLASS_DIR or the `nvidia-cutlass` wheel.
+//!
+//! KDA_DHU_KERNEL_DEFINES (unset for every release build): space-separated `KDA_DHU_EXP_*`
+//! macro names, each optionally `=VALUE`, defined for both compilers: the kernels'
+//! compile-time experiments (cuda/dhu_sm90_regstate.cuh lists them), built into wheels of
+//! their own and measured against the plain build (benches/build_ab.py). BUILD_INFO
+//! lists them.
 
 use std::env;
 use std::fmt::Write as _;
@@ -71,6 +77,24 @@ const NVRTC_SHIM_DIR: &str = "nvrtc";
 
 /// The oldest NVRTC 12 that compiles sm_100a.
 const NVRTC12_MIN_MINOR: i32 = 8;
+
+/// The experiment macros of KDA_DHU_KERNEL_DEFINES as `-DNAME[=VALUE]` flags. Panics on an
+/// item that is not a `KDA_DHU_EXP_` macro name (with an optional integer value).
+fn experiment_defines() -> Vec<String> {
+    let raw = env::var("KDA_DHU_KERNEL_DEFINES").unwrap_or_default();
+    raw.split_whitespace()
+        .map(|item| {
+            let (name, value) = item.split_once('=').unwrap_or((item, ""));
+            let name_ok = name.starts_with("KDA_DHU_EXP_")
+                && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            let value_ok = value.is_empty() || value.parse::<i64>().is_ok();
+            if !(name_ok && value_ok) {
+                panic!("KDA_DHU_KERNEL_DEFINES: {item:?} is not KDA_DHU_EXP_<NAME>[=<integer>]");
+            }
+            format!("-D{item}")
+        })
+        .collect()
+}
 
 /// One compiler, building the images of one CUDA major version.
 enum Compiler {
@@ -119,9 +143,17 @@ fn main() {
     println!("cargo:rerun-if-changed=build");
     // A directory: cargo rescans everything under it (new, edited, removed files).
     println!("cargo:rerun-if-changed={}", cuda_dir.display());
-    for var in
-        ["NVCC", "CUDA_HOME", "CUDA_PATH", "CUDA12_HOME", "CUTLASS_DIR", "PYO3_PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX"]
-    {
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA12_HOME",
+        "CUTLASS_DIR",
+        "PYO3_PYTHON",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "KDA_DHU_KERNEL_DEFINES",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
@@ -355,7 +387,7 @@ fn find_toolchains() -> Vec<Toolchain> {
     let mut toolchains = vec![Toolchain {
         cuda,
         describe: format!("nvcc {} ({version})", nvcc.display()),
-        flags: NVCC_FLAGS.join(" "),
+        flags: NVCC_FLAGS.iter().map(|f| f.to_string()).chain(experiment_defines()).collect::<Vec<_>>().join(" "),
         compiler: Compiler::Nvcc(nvcc),
     }];
     if cuda != 12 {
@@ -447,7 +479,8 @@ fn find_nvrtc12() -> Toolchain {
     for inc in &include {
         let _ = write!(describe, " {}", inc.display());
     }
-    Toolchain { cuda: 12, describe, flags: NVRTC_FLAGS.join(" "), compiler: Compiler::Nvrtc { nvrtc, include } }
+    let flags = NVRTC_FLAGS.iter().map(|f| f.to_string()).chain(experiment_defines()).collect::<Vec<_>>().join(" ");
+    Toolchain { cuda: 12, describe, flags, compiler: Compiler::Nvrtc { nvrtc, include } }
 }
 
 fn find_cutlass_include() -> PathBuf {
@@ -550,6 +583,7 @@ fn compile_one(
             let mut cmd = Command::new(nvcc);
             cmd.arg("-cubin").arg("-gencode").arg(src.gencode);
             cmd.args(NVCC_FLAGS);
+            cmd.args(experiment_defines());
             cmd.arg("-I").arg(cuda_dir).arg("-I").arg(cutlass_include);
             cmd.arg("-o").arg(&cubin).arg(&src.path);
             let out = cmd.output().map_err(|e| format!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()))?;
@@ -569,7 +603,8 @@ fn compile_one(
         Compiler::Nvrtc { nvrtc, include } => {
             let source =
                 fs::read_to_string(&src.path).map_err(|e| format!("cannot read {}: {e}", src.path.display()))?;
-            let mut options: Vec<String> = NVRTC_FLAGS.iter().map(|f| f.to_string()).collect();
+            let mut options: Vec<String> =
+                NVRTC_FLAGS.iter().map(|f| f.to_string()).chain(experiment_defines()).collect();
             options.push(format!("--gpu-architecture={}", src.arch));
             // The shims first: they stand in for headers the real include paths also have.
             for dir in [&cuda_dir.join(NVRTC_SHIM_DIR), &cuda_dir.to_path_buf(), &cutlass_include.to_path_buf()]

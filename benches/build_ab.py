@@ -74,6 +74,8 @@ def child(label: str, shapes: str, reps: int) -> int:
         "kda_dhu": os.path.dirname(kda_dhu.__file__),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
+        # the build's compiler flags (experiment macros included: build.rs, KDA_DHU_KERNEL_DEFINES)
+        "build_flags": [ln for ln in kda_dhu._core.build_info().splitlines() if " flags: " in ln],
     }
     for name in shapes.split(","):
         a, _ = m.row_inputs(rows[name])
