@@ -89,16 +89,16 @@
 // Compile-time experiments, off in every release build: build.rs defines them from
 // KDA_DHU_KERNEL_DEFINES for a wheel of their own, measured against the plain build with
 // benches/build_ab.py (benches/NOTES.md has each one's command and result).
-//   KDA_DHU_EXP_NO_G  the scalar gate's code left out (a call with g traps): what the g
-//                     path costs the gk and ungated chains.
-//   KDA_DHU_EXP_DVI   without g, DV's accumulator starts from dv^T (loaded while the
-//                     previous chunk's WD runs), so that the dv2 epilogue is the packs alone;
-//                     one warpgroup or K = 64.
-#ifndef KDA_DHU_EXP_NO_G
-#define KDA_DHU_EXP_NO_G 0
+//   KDA_DHU_EXP_GK_ONLY     the instances without g (G = false) assume gk: the ungated
+//                           path's code left out (an ungated call traps): what the gk
+//                           branches cost.
+//   KDA_DHU_EXP_DENSE_ONLY  the packed-batch code left out (a call with cu_seqlens traps):
+//                           what the varlen branches cost.
+#ifndef KDA_DHU_EXP_GK_ONLY
+#define KDA_DHU_EXP_GK_ONLY 0
 #endif
-#ifndef KDA_DHU_EXP_DVI
-#define KDA_DHU_EXP_DVI 0
+#ifndef KDA_DHU_EXP_DENSE_ONLY
+#define KDA_DHU_EXP_DENSE_ONLY 0
 #endif
 
 namespace kda_dhu {
@@ -270,7 +270,7 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 // others store nothing but their last state: from b = 0 (V tiles: u_s) and from b = I
 // (identity tiles, whose do, dv and q read as zeros: P_s, the product of the segment's
 // A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
-template <int K, class T, int NWG, bool SVF, bool SUMMARY = false>
+template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
   using Map = SmemMap<K, NWG>;
@@ -304,13 +304,14 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const bool ident = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
   if (newest && ident) return;
   const int h = hv / (p.HV / p.H);
-  const bool varlen = p.flags & FLAG_VARLEN;
-  if (KDA_DHU_EXP_NO_G && (p.flags & FLAG_G)) __trap();
-  const bool use_g = !KDA_DHU_EXP_NO_G && (p.flags & FLAG_G);
-  const bool use_gk = p.flags & FLAG_GK;
-  // KDA_DHU_EXP_DVI: DV's accumulator starts from dv^T (dv2 = DV + dv without g).
-  constexpr bool DVI = KDA_DHU_EXP_DVI && (NWG == 1 || K == 64) && !SUMMARY;
-  const bool dv_init = DVI && !use_g;
+  if (KDA_DHU_EXP_DENSE_ONLY && (p.flags & FLAG_VARLEN)) __trap();
+  const bool varlen = !KDA_DHU_EXP_DENSE_ONLY && (p.flags & FLAG_VARLEN);
+  // The scalar gate is the instance's (G: the host picks the `_g` entry point for a call
+  // with g, FLAG_G); gk is the call's flag.
+  constexpr bool use_g = G;
+  constexpr bool gk_only = KDA_DHU_EXP_GK_ONLY && !G;
+  if (gk_only && !(p.flags & FLAG_GK)) __trap();
+  const bool use_gk = gk_only || (p.flags & FLAG_GK);
 
   // The sequence's extent, checked before anything is loaded or stored (scratch: stage
   // 0's first bytes, free until the barrier below), kept in shared memory across the
@@ -512,7 +513,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
   float b[NS];        // b^T [64 v, K], fp32
   float qd[NS];       // QD^T [64 v, K]
-  float dv[ND];       // DV^T [64 v, 64 t] (starts from dv^T without g)
+  float dv[ND];       // DV^T [64 v, 64 t]
   uint32_t ab[NA];    // bf16(b^T): DV's A fragment, and the dh checkpoint
   uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment, and the dv2 tile
 
@@ -637,19 +638,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     CUTE_UNROLL
     for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
   };
-  // dv_init: dv^T of a stage, widened to fp32, as DV's initial accumulator.
-  auto load_dv_acc = [&](int stage) {
-    uint32_t r[ND / 2];
-    CUTE_UNROLL
-    for (int kt = 0; kt < BT / 16; ++kt)
-      ldsm_x4_trans(smem_u32 + stage * Map::STAGE + DV_OFF + kt * 2048 + lane_tr, &r[4 * kt]);
-    CUTE_UNROLL
-    for (int j = 0; j < ND / 2; ++j) {
-      const float2 f = widen2<T>(r[j]);
-      dv[2 * j] = f.x;
-      dv[2 * j + 1] = f.y;
-    }
-  };
 
   // The chunks (the schedule above). On entry to chunk i: b = b_i, stage s full and
   // prepared, no wgmma in flight. DEFER_DV2: dv2_i is staged and stored while DV_{i+1} runs,
@@ -697,7 +685,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     else
       wg_sync();
   }
-  if (dv_init) load_dv_acc(0);
   int s = 0;
   uint32_t phase = 0;  // full[s]'s phase for chunk i
   for (int i = 0; i < NC; ++i) {
@@ -721,16 +708,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       fence_regs(ab);
       fence_regs(dv);
       warpgroup_arrive();
-      // Two instruction streams, so that ptxas sees DV's first product overwrite dv
-      // (a runtime scale-d would keep dv live across the fold: spills at K = 128).
-      if (dv_init) {
-        CUTE_UNROLL
-        for (int kb = 0; kb < K / 16; ++kb) rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, GMMA::ScaleOut::One);
-      } else {
-        CUTE_UNROLL
-        for (int kb = 0; kb < K / 16; ++kb)
-          rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
-      }
+      CUTE_UNROLL
+      for (int kb = 0; kb < K / 16; ++kb)
+        rs_mma<OpDV>(&ab[4 * kb], uint64_t(tB(0, 0, kb)), dv, kb == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
       warpgroup_commit_batch();
       fence_regs(dv);
     }
@@ -759,19 +739,14 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     issue_qd(s);
     // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
     uint32_t dvr[ND / 2];
-    if (!dv_init) {
-      CUTE_UNROLL
-      for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
-    }
+    CUTE_UNROLL
+    for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
     warpgroup_wait<1>();
     fence_regs(dv);
-    if (dv_init) {
-      CUTE_UNROLL
-      for (int j = 0; j < ND / 2; ++j) adv2[j] = pack2<T>(dv[2 * j], dv[2 * j + 1]);
-    } else {
+    {
       const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
       CUTE_UNROLL
       for (int kt = 0; kt < BT / 16; ++kt) {
@@ -840,7 +815,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // and stored while DV_{i+1} runs, or after the loop; else below.)
     if (!last) {
       wait_bar(&full_bar[ns], nphase);
-      if (dv_init) load_dv_acc(ns);
       if (use_g) {
         prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
         if (DEFER_DV2) {

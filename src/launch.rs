@@ -885,7 +885,7 @@ fn launch_split(
     };
     let result = (|| {
         let (mut p1, mut p2) = split_params(&params, sp, u, x);
-        let slot = split::summary_slot(config.k, config.dtype, config.svf);
+        let slot = split::summary_slot(config.k, config.dtype, config.svf, config.has_g());
         one.run(
             SPLIT_ENTRIES[slot],
             kernels.split[slot].0,

@@ -203,8 +203,9 @@ pub struct KernelConfig {
 
 /// The sm_90a image's entry points (cuda/dhu_sm90.cu; the kernel, the state held in
 /// registers, is cuda/dhu_sm90_regstate.cuh) in slot order: k64/k128 x bf16/fp16, then the
-/// same with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`).
-const SM90_ENTRIES: [&str; 16] = [
+/// same with two warpgroups (`_wg2`), then those eight with state_v_first (`_svf`), then
+/// those sixteen for calls with the scalar gate g (`_g`; FLAG_G picks them).
+const SM90_ENTRIES: [&str; 32] = [
     "kda_dhu_sm90_rs_k64_bf16",
     "kda_dhu_sm90_rs_k64_fp16",
     "kda_dhu_sm90_rs_k128_bf16",
@@ -221,6 +222,22 @@ const SM90_ENTRIES: [&str; 16] = [
     "kda_dhu_sm90_rs_k64_fp16_wg2_svf",
     "kda_dhu_sm90_rs_k128_bf16_wg2_svf",
     "kda_dhu_sm90_rs_k128_fp16_wg2_svf",
+    "kda_dhu_sm90_rs_k64_bf16_g",
+    "kda_dhu_sm90_rs_k64_fp16_g",
+    "kda_dhu_sm90_rs_k128_bf16_g",
+    "kda_dhu_sm90_rs_k128_fp16_g",
+    "kda_dhu_sm90_rs_k64_bf16_wg2_g",
+    "kda_dhu_sm90_rs_k64_fp16_wg2_g",
+    "kda_dhu_sm90_rs_k128_bf16_wg2_g",
+    "kda_dhu_sm90_rs_k128_fp16_wg2_g",
+    "kda_dhu_sm90_rs_k64_bf16_svf_g",
+    "kda_dhu_sm90_rs_k64_fp16_svf_g",
+    "kda_dhu_sm90_rs_k128_bf16_svf_g",
+    "kda_dhu_sm90_rs_k128_fp16_svf_g",
+    "kda_dhu_sm90_rs_k64_bf16_wg2_svf_g",
+    "kda_dhu_sm90_rs_k64_fp16_wg2_svf_g",
+    "kda_dhu_sm90_rs_k128_bf16_wg2_svf_g",
+    "kda_dhu_sm90_rs_k128_fp16_wg2_svf_g",
 ];
 /// The sm_100a image's (one kernel shape, [K, V] states).
 const SM100_ENTRIES: [&str; 4] =
@@ -242,22 +259,32 @@ impl KernelConfig {
     pub fn all(arch: Arch) -> Vec<KernelConfig> {
         let shapes: &[(bool, u32)] =
             if arch == Arch::Sm90 { &[(false, 1), (false, 2), (true, 1), (true, 2)] } else { &[(false, 1)] };
+        let gates: &[u32] = if arch == Arch::Sm90 { &[0, FLAG_G] } else { &[0] };
         let mut configs = Vec::new();
-        for &(svf, nwg) in shapes {
-            for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                configs.push(KernelConfig { k, dtype, flags: 0, grid: [1, 1, 1], nwg, svf, split: None });
+        for &flags in gates {
+            for &(svf, nwg) in shapes {
+                for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
+                    configs.push(KernelConfig { k, dtype, flags, grid: [1, 1, 1], nwg, svf, split: None });
+                }
             }
         }
         configs
     }
 
+    /// Whether the call has the scalar gate g (sm_90a: the `_g` instances).
+    pub fn has_g(&self) -> bool {
+        self.flags & FLAG_G != 0
+    }
+
     /// Index into a per-arch table of the entry points (k64/k128 × bf16/fp16, then the
-    /// same four with two warpgroups, then those eight with state_v_first).
+    /// same four with two warpgroups, then those eight with state_v_first, then those
+    /// sixteen with g).
     pub fn slot(&self) -> usize {
         (if self.k == 64 { 0 } else { 2 })
             + usize::from(self.dtype != DType::BF16)
             + if self.nwg == 2 { 4 } else { 0 }
             + if self.svf { 8 } else { 0 }
+            + if self.has_g() { 16 } else { 0 }
     }
 
     /// Threads per CTA.
@@ -841,6 +868,7 @@ pub(crate) mod tests {
         assert_eq!(config.flags, FLAG_G | FLAG_VARLEN);
         // 64 sequences x 128 heads: two warpgroups per CTA, one CTA per head.
         assert_eq!((config.grid, config.nwg), ([1, 128, 64], 2));
+        assert_eq!(config.entry_point(Arch::Sm90), "kda_dhu_sm90_rs_k128_bf16_wg2_g");
         // No gate at all (delta rule).
         let mut d = base();
         d.has_gk = false;
@@ -1081,6 +1109,13 @@ pub(crate) mod tests {
                 let name = format!("kda_dhu_sm90_rs_k{k}_{}{suffix}", if dt == DType::BF16 { "bf16" } else { "fp16" });
                 assert_eq!((c.slot(), c.entry_point(Arch::Sm90)), (first + i, name.as_str()));
             }
+        }
+        // With the scalar gate: the same sixteen, `_g`.
+        for (i, base) in SM90_ENTRIES[..16].iter().enumerate() {
+            let mut g = KernelConfig::all(Arch::Sm90)[i];
+            assert_eq!(g.entry_point(Arch::Sm90), *base);
+            g.flags |= FLAG_G;
+            assert_eq!((g.slot(), g.entry_point(Arch::Sm90)), (16 + i, format!("{base}_g").as_str()));
         }
         let all = KernelConfig::all(Arch::Sm90);
         assert_eq!(all.len(), MAX_SLOTS);

@@ -113,8 +113,9 @@ pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch)
 }
 
 /// The split's kernels in the sm_90a image (cuda/dhu_sm90.cu), in slot order: the first
-/// pass's (k64/k128 x bf16/fp16, then those with state_v_first), then the merge (K 64, 128).
-pub const SPLIT_ENTRIES: [&str; 10] = [
+/// pass's (k64/k128 x bf16/fp16, then those with state_v_first, then those eight with the
+/// scalar gate g), then the merge (K 64, 128).
+pub const SPLIT_ENTRIES: [&str; 18] = [
     "kda_dhu_sm90_rs_k64_bf16_sum",
     "kda_dhu_sm90_rs_k64_fp16_sum",
     "kda_dhu_sm90_rs_k128_bf16_sum",
@@ -123,33 +124,41 @@ pub const SPLIT_ENTRIES: [&str; 10] = [
     "kda_dhu_sm90_rs_k64_fp16_sum_svf",
     "kda_dhu_sm90_rs_k128_bf16_sum_svf",
     "kda_dhu_sm90_rs_k128_fp16_sum_svf",
+    "kda_dhu_sm90_rs_k64_bf16_sum_g",
+    "kda_dhu_sm90_rs_k64_fp16_sum_g",
+    "kda_dhu_sm90_rs_k128_bf16_sum_g",
+    "kda_dhu_sm90_rs_k128_fp16_sum_g",
+    "kda_dhu_sm90_rs_k64_bf16_sum_svf_g",
+    "kda_dhu_sm90_rs_k64_fp16_sum_svf_g",
+    "kda_dhu_sm90_rs_k128_bf16_sum_svf_g",
+    "kda_dhu_sm90_rs_k128_fp16_sum_svf_g",
     "kda_dhu_sm90_seg_merge_k64",
     "kda_dhu_sm90_seg_merge_k128",
 ];
 
-/// Slot in SPLIT_ENTRIES of the first pass's kernel.
-pub fn summary_slot(k: u32, dtype: DType, svf: bool) -> usize {
-    (if k == 64 { 0 } else { 2 }) + usize::from(dtype != DType::BF16) + if svf { 4 } else { 0 }
+/// Slot in SPLIT_ENTRIES of the first pass's kernel (`g`: the call has the scalar gate).
+pub fn summary_slot(k: u32, dtype: DType, svf: bool, g: bool) -> usize {
+    (if k == 64 { 0 } else { 2 }) + usize::from(dtype != DType::BF16) + if svf { 4 } else { 0 } + if g { 8 } else { 0 }
 }
 
 /// Slot in SPLIT_ENTRIES of the merge kernel.
 pub fn merge_slot(k: u32) -> usize {
     if k == 64 {
-        8
+        16
     } else {
-        9
+        17
     }
 }
 
 /// Whether SPLIT_ENTRIES[slot] is a first-pass kernel (dynamic shared memory: the
 /// one-warpgroup map) rather than the merge (static shared memory only).
 pub fn is_summary_slot(slot: usize) -> bool {
-    slot < 8
+    slot < 16
 }
 
 /// The K of SPLIT_ENTRIES[slot].
 pub fn slot_k(slot: usize) -> u32 {
-    if (is_summary_slot(slot) && slot % 4 < 2) || slot == 8 {
+    if (is_summary_slot(slot) && slot % 4 < 2) || slot == 16 {
         64
     } else {
         128
@@ -251,12 +260,13 @@ mod tests {
         }
         for k in [64u32, 128] {
             for dt in [DType::BF16, DType::F16] {
-                for svf in [false, true] {
-                    let name = SPLIT_ENTRIES[summary_slot(k, dt, svf)];
+                for (svf, g) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let name = SPLIT_ENTRIES[summary_slot(k, dt, svf, g)];
                     let want = format!(
-                        "kda_dhu_sm90_rs_k{k}_{}_sum{}",
+                        "kda_dhu_sm90_rs_k{k}_{}_sum{}{}",
                         if dt == DType::BF16 { "bf16" } else { "fp16" },
-                        if svf { "_svf" } else { "" }
+                        if svf { "_svf" } else { "" },
+                        if g { "_g" } else { "" }
                     );
                     assert_eq!(name, want);
                 }

@@ -1,7 +1,8 @@
 """SASS instructions per chunk per warp of the sm_90a kernels' chunk loops (no GPU).
 
 For each gate configuration (gk, none, g; dense batch) it compiles a copy of cuda/ in
-which the kernels' runtime flags (``use_g``, ``use_gk``, ``varlen``) are constants, so that
+which the kernels' runtime flags (``use_gk``, ``varlen``) are constants (the scalar gate is
+the instance's: the ``_g`` entry point for g), so that
 each chunk loop is straight-line code for that configuration, disassembles the entry
 points with nvdisasm and counts the instructions of the innermost loop that holds a
 whole chunk's wgmma (>= 12 HGMMA). Warps 1-3 skip the leader's TMA-store blocks (found
@@ -27,10 +28,11 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FLAGS = """  const bool varlen = p.flags & FLAG_VARLEN;
-  const bool use_g = p.flags & FLAG_G;
-  const bool use_gk = p.flags & FLAG_GK;
-"""
+# The runtime flags' lines of the kernel, and what they become.
+FLAGS = {
+    "  const bool varlen = !KDA_DHU_EXP_DENSE_ONLY && (p.flags & FLAG_VARLEN);\n": "  const bool varlen = CNT_VARLEN;\n",
+    "  const bool use_gk = gk_only || (p.flags & FLAG_GK);\n": "  const bool use_gk = CNT_GK;\n",
+}
 CONFIGS = {"gk": (False, True), "none": (False, False), "g": (True, False)}
 
 
@@ -132,29 +134,27 @@ def main(argv=None) -> int:
             p = os.path.join(src, path)
             with open(p) as f:
                 text = f.read()
-            assert FLAGS in text, f"{path}: the flag lines this script replaces changed"
+            for old, new in FLAGS.items():
+                assert old in text, f"{path}: the flag line this script replaces changed: {old!r}"
+                text = text.replace(old, new)
             with open(p, "w") as f:
-                f.write(
-                    text.replace(
-                        FLAGS,
-                        "  const bool varlen = CNT_VARLEN;\n  const bool use_g = CNT_G;\n  const bool use_gk = CNT_GK;\n",
-                    )
-                )
+                f.write(text)
         with open(os.path.join(src, "dhu_sm90.cu")) as f:
             lines = f.read().splitlines()
-        for name in entries:
-            one = [
-                ln
-                for ln in lines
-                if not re.match(r"^KDA_DHU_(SM90(_RS|_SUM)?|SEG_MERGE)_ENTRY\(", ln) or f"({name}," in ln
-            ]
-            with open(os.path.join(src, "one.cu"), "w") as f:
-                f.write("\n".join(one) + "\n")
+        for base in entries:
             for cfg, (g, gk) in CONFIGS.items():
+                name = base + "_g" if g else base
+                one = [
+                    ln
+                    for ln in lines
+                    if not re.match(r"^KDA_DHU_(SM90(_RS|_SUM)?|SEG_MERGE)_ENTRY\(", ln) or f"({name}," in ln
+                ]
+                with open(os.path.join(src, "one.cu"), "w") as f:
+                    f.write("\n".join(one) + "\n")
                 cubin = os.path.join(tmp, "one.cubin")
                 cmd = [nvcc, "-cubin", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
                        "--expt-relaxed-constexpr", "-DNDEBUG", "-I", src, "-I", cut, "-DCNT_VARLEN=false",
-                       f"-DCNT_G={'true' if g else 'false'}", f"-DCNT_GK={'true' if gk else 'false'}",
+                       f"-DCNT_GK={'true' if gk else 'false'}",
                        "-o", cubin, os.path.join(src, "one.cu")]  # fmt: skip
                 subprocess.run(cmd, check=True, capture_output=True)
                 sass = subprocess.run(

@@ -1,7 +1,7 @@
 """The Hopper kernel (cuda/dhu_sm90_regstate.cuh: the state held in registers) is in the
 installed extension (CPU-only checks).
 
-That each of its sixteen entry points is a function of the embedded sm_90a image is
+That each of its thirty-two entry points is a function of the embedded sm_90a image is
 checked by the Rust test `kernels::tests::sm90_images_hold_the_sm90a_kernels` (it
 walks `KernelConfig::all`, which lists them); the planner's plans by
 `plan::tests::every_kernel_plan_names_an_entry_point_of_its_image`. The fragment geometry
@@ -20,8 +20,10 @@ from kda_dhu import _core
 
 REPO = REPO_ROOT
 
+# Without and with the scalar gate g (`_g`: the gate is a template parameter).
 RS_ENTRY_POINTS = [
-    f"kda_dhu_sm90_rs_k{k}_{dt}{wg}{svf}"
+    f"kda_dhu_sm90_rs_k{k}_{dt}{wg}{svf}{g}"
+    for g in ("", "_g")
     for svf in ("", "_svf")
     for wg in ("", "_wg2")
     for k in (64, 128)
@@ -32,16 +34,17 @@ RS_ENTRY_POINTS = [
 # The sequence split's (src/split.rs SPLIT_ENTRIES): its first pass, the kernel above with V
 # widened by K identity columns (one warpgroup), and the merge of its boundary states.
 SPLIT_ENTRY_POINTS = [
-    f"kda_dhu_sm90_rs_k{k}_{dt}_sum{svf}"
+    f"kda_dhu_sm90_rs_k{k}_{dt}_sum{svf}{g}"
+    for g in ("", "_g")
     for svf in ("", "_svf")
     for k in (64, 128)
     for dt in ("bf16", "fp16")
 ] + ["kda_dhu_sm90_seg_merge_k64", "kda_dhu_sm90_seg_merge_k128"]
 
 
-def test_sixteen_register_state_entry_points():
-    assert len(set(RS_ENTRY_POINTS)) == 16
-    assert len(set(SPLIT_ENTRY_POINTS)) == 10
+def test_thirty_two_register_state_entry_points():
+    assert len(set(RS_ENTRY_POINTS)) == 32
+    assert len(set(SPLIT_ENTRY_POINTS)) == 18
 
 
 def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
@@ -50,7 +53,7 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
     K = 128 (<= 255, and K = 64 keeps two CTAs per SM: <= 204); two warpgroups report
     the launch's 168 (setmaxnreg gives the consumers 240)."""
     info = _core.build_info()
-    for name in RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS[:8]:
+    for name in RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS[:16]:
         line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
         assert line is not None, f"{name} missing from build_info():\n{info}"
         assert line.startswith("dhu_sm90 sm_90a "), line
@@ -73,7 +76,7 @@ def test_the_image_holds_only_these_sm90a_entry_points():
 
 def test_the_merge_kernel_has_no_stack_frame():
     info = _core.build_info()
-    for name in SPLIT_ENTRY_POINTS[8:]:
+    for name in SPLIT_ENTRY_POINTS[16:]:
         line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
         assert line is not None and line.startswith("dhu_sm90 sm_90a "), (name, line)
         assert line.endswith(" 0 bytes stack frame"), line
