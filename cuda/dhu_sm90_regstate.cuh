@@ -94,19 +94,11 @@
 //                           branches cost.
 //   KDA_DHU_EXP_DENSE_ONLY  the packed-batch code left out (a call with cu_seqlens traps):
 //                           what the varlen branches cost.
-//   KDA_DHU_EXP_DH_DIRECT   dh[chunk] stored from registers (movmatrix.trans, then 4-byte
-//                           global stores) instead of stmatrix into sBh and a TMA store: no
-//                           shared-memory traffic, fence or barrier for dh (dv2 keeps its
-//                           staging); one warpgroup, [K, V] states (with [V, K] ones K = 128
-//                           spilled 4 bytes).
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
 #endif
 #ifndef KDA_DHU_EXP_DENSE_ONLY
 #define KDA_DHU_EXP_DENSE_ONLY 0
-#endif
-#ifndef KDA_DHU_EXP_DH_DIRECT
-#define KDA_DHU_EXP_DH_DIRECT 0
 #endif
 
 namespace kda_dhu {
@@ -225,16 +217,6 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t* r) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
                "r"(r[2]), "r"(r[3])
                : "memory");
-}
-// The 8x8 16-bit matrix of a warp's fragment (lane l: row l / 4, columns 2(l % 4), + 1),
-// transposed: lane l then holds column l / 4, rows 2(l % 4), + 1 of the input.
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-__device__ __forceinline__ void st_global_u32(void* ptr, uint32_t v) {
-  asm volatile("st.global.b32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
   float2 v;
@@ -656,21 +638,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     CUTE_UNROLL
     for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
   };
-  // KDA_DHU_EXP_DH_DIRECT: bf16(b^T) (ab) -> dh[chunk] [K, V] from registers. Register
-  // 4kb + m is the 8x8 block of rows v = 16 warp + 8(m & 1) + [0, 8), columns k = 16kb +
-  // 8(m >> 1) + [0, 8); transposed, each lane holds a pair (v, v + 1) of one k.
-  constexpr bool DH_DIRECT = KDA_DHU_EXP_DH_DIRECT && NWG == 1 && !SVF && !SUMMARY;
-  auto store_dh_direct = [&](int64_t chunk) {
-    T* dh_g = reinterpret_cast<T*>(p.dh) + (chunk * p.HV + hv) * int64_t(K) * p.V + v0;
-    CUTE_UNROLL
-    for (int kb = 0; kb < K / 16; ++kb) {
-      CUTE_UNROLL
-      for (int m = 0; m < 4; ++m) {
-        const int v = 16 * warp + 8 * (m & 1) + 2 * (lane % 4), k = 16 * kb + 8 * (m >> 1) + lane / 4;
-        st_global_u32(dh_g + int64_t(k) * p.V + v, movmatrix_trans(ab[4 * kb + m]));
-      }
-    }
-  };
 
   // The chunks (the schedule above). On entry to chunk i: b = b_i, stage s full and
   // prepared, no wgmma in flight. DEFER_DV2: dv2_i is staged and stored while DV_{i+1} runs,
@@ -753,35 +720,19 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // sBh and (DEFER_DV2) chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier
     // that order them before the async proxy's reads; then their stores, one bulk group
     // (chunk 0 of a short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
+    if (leader) tma_store_wait<0>();
+    wg_sync();
+    stage_dh();
+    if (DEFER_DV2 && i > 0) stage_dv2();
+    fence_proxy_async();
+    wg_sync();
     const bool prev_part = DEFER_DV2 && partial && i == 1;
-    if constexpr (DH_DIRECT) {
-      store_dh_direct(chunk);
-      if (i > 0) {  // DEFER_DV2 (one warpgroup)
-        if (leader) tma_store_wait<0>();
-        wg_sync();
-        stage_dv2();
-        fence_proxy_async();
-        wg_sync();
-        if (leader && !prev_part) {
-          tma_store_dv2(c + 1);
-          tma_store_arrive();
-        }
-        if (prev_part) plain_store_dv2(c + 1, rows0);
-      }
-    } else {
-      if (leader) tma_store_wait<0>();
-      wg_sync();
-      stage_dh();
-      if (DEFER_DV2 && i > 0) stage_dv2();
-      fence_proxy_async();
-      wg_sync();
-      if (leader) {
-        tma_store_dh(chunk);
-        if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c + 1);
-        tma_store_arrive();
-      }
-      if (prev_part) plain_store_dv2(c + 1, rows0);
+    if (leader) {
+      tma_store_dh(chunk);
+      if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c + 1);
+      tma_store_arrive();
     }
+    if (prev_part) plain_store_dv2(c + 1, rows0);
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
