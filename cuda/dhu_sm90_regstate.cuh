@@ -270,9 +270,25 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 // others store nothing but their last state: from b = 0 (V tiles: u_s) and from b = I
 // (identity tiles, whose do, dv and q read as zeros: P_s, the product of the segment's
 // A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
-template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false>
+//
+// FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"; NWG = 1,
+// no split): the same chain with the chunks oldest first and the products' roles swapped.
+// The params carry the forward call: tma_w / tma_k its w and k, tma_dv its u, tma_dv2 its
+// v_new, tma_dh its h, dht its initial_state (FLAG_DHT), dh0 its final_state (FLAG_DH0);
+// q, do and scale unused. Per chunk, the state b^T = h^T:
+//
+//     h[chunk]^T   = bf16(b^T)                                registers -> sBh -> TMA store
+//     -W^T [BV, BT] = -(bf16(b^T) [BV, K] . w^T [K, BT])       DV's wgmma, A scaled by -1 (exact)
+//     v_new^T      = u^T + (-W^T)  (fp32: u - w.h, fla's order) -> u.dtype, stored
+//     v_upd^T      = gate(t) * v_new^T (g), else v_new^T      -> k.dtype: WD's A fragment
+//     b^T          = decay(k) * b^T + v_upd^T . k             the fold, then WD's wgmma (+)
+//
+// w sits in k's stage slot (DV's K-major B operand) and k in w's (WD's MN-major B); the q
+// and do slots stay empty. No QD: DV is the only wgmma in flight at the epilogue.
+template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false, bool FWD = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
+  static_assert(!FWD || (NWG == 1 && !SUMMARY), "the forward scan: one warpgroup, no split");
   using Map = SmemMap<K, NWG>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
@@ -280,9 +296,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr int NS = K / 2;           // fp32 registers of b^T [64, K] per thread
   constexpr int NA = K / 4;           // registers of bf16(b^T) as an A fragment
   constexpr int ND = BT / 2;          // fp32 registers of DV^T [64, BT]
-  using OpDV = typename RsAtom<T, BT, GMMA::Major::K, GMMA::ScaleIn::One>::type;
+  using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
-  using OpWD = typename RsAtom<T, K, GMMA::Major::MN, GMMA::ScaleIn::Neg>::type;
+  using OpWD = typename RsAtom<T, K, GMMA::Major::MN, FWD ? GMMA::ScaleIn::One : GMMA::ScaleIn::Neg>::type;
+  // Chunk c of iteration i: newest first (stage 4), oldest first (FWD).
+  auto chunk_of = [](int i, int nc) { return FWD ? i : nc - 1 - i; };
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -346,7 +364,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     constexpr int KPL = K / 32;  // gk values per lane
     // An identity tile loads k and w only.
     const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
-    const uint32_t tx_bytes = ident_p ? uint32_t(2 * Map::KTILE) : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
+    // FWD: w and k, and u in dv's slot.
+    const uint32_t tx_bytes = FWD       ? uint32_t(2 * Map::KTILE + Map::VTILE)
+                              : ident_p ? uint32_t(2 * Map::KTILE)
+                                        : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
@@ -364,7 +385,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       int rows;  // tokens of the chunk
     };
     auto fetch = [&](int i, Pre& r) {
-      const int c = NC - 1 - i;
+      const int c = chunk_of(i, NC);
       const int t0 = bos + c * BT;
       const int t_last = bos + min((c + 1) * BT, len) - 1;
       r.rows = t_last - t0 + 1;
@@ -395,7 +416,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       for (int u = 0; u < PREFETCH; ++u) {
         const int i = i0 + u;
         if (i >= NC) break;
-        const int c = NC - 1 - i;
+        const int c = chunk_of(i, NC);
         Pre& cur = pre[u];
         if (i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
         if (lane == 0) {
@@ -404,7 +425,16 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
           uint8_t* st = smem + s * Map::STAGE;
           const int t0 = bos + c * BT;
-          for (int kb = 0; kb < KB; ++kb) {
+          if constexpr (FWD) {  // w in k's slot (DV's B), k in w's (WD's B), u in dv's
+            for (int kb = 0; kb < KB; ++kb) {
+              SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, hv, t0,
+                                     b_row);
+              SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, h, t0,
+                                     b_row);
+            }
+            SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF, blockIdx.x * BV, hv, t0, b_row);
+          }
+          for (int kb = 0; kb < KB && !FWD; ++kb) {
             SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
             if (!ident_p)
               SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0,
@@ -412,7 +442,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
             SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0,
                                    b_row);
           }
-          for (int wg = 0; wg < NWG && !ident_p; ++wg) {
+          for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
             const int v0 = (blockIdx.x * NWG + wg) * BV;
             SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
             SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
@@ -516,6 +546,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   float dv[ND];       // DV^T [64 v, 64 t]
   uint32_t ab[NA];    // bf16(b^T): DV's A fragment, and the dh checkpoint
   uint32_t adv2[ND / 2];  // bf16(dv2^T): WD's A fragment, and the dv2 tile
+  // FWD with g: v_new^T as stored (WD's A, adv2, is the gated v_upd^T); else unused.
+  uint32_t vst[FWD && G ? ND / 2 : 1];
 
   // (sequence, value head) of the state read (dht) and of the state written (dh0)
   // (blockIdx.z afresh: see ctaid_z). Without a split both are n * HV + hv. A split's
@@ -588,10 +620,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   };
   auto gate_at = [&](int stage) { return smem_u32 + Map::GATE_OFF + stage * G_LEN * 4; };
 
-  // The sequence's newest chunk (i = 0) is the only one that can be short; in a packed
-  // batch its rows past the sequence's end belong to the next sequence and are masked.
+  // The sequence's newest chunk (c = NC - 1: i = 0, FWD i = NC - 1) is the only one that
+  // can be short; in a packed batch its rows past the sequence's end belong to the next
+  // sequence and are masked.
   const int rows0 = int(min(int64_t(BT), len - int64_t(NC - 1) * BT));
   const bool partial = varlen && rows0 < BT;
+  const int i_short = FWD ? NC - 1 : 0;  // the iteration of that chunk
 
   // The stores of staged tiles (after the barrier that follows every thread's writes to
   // them and its fence.proxy.async). dh[chunk] from sBh: TMA, by the leader.
@@ -635,8 +669,13 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
   };
   auto stage_dv2 = [&]() {
+    const uint32_t* src;
+    if constexpr (FWD && G)
+      src = vst;
+    else
+      src = adv2;
     CUTE_UNROLL
-    for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &adv2[4 * kt]);
+    for (int kt = 0; kt < BT / 16; ++kt) stsm_x4_trans(sDv2_u32 + kt * 2048 + lane_tr, &src[4 * kt]);
   };
 
   // The chunks (the schedule above). On entry to chunk i: b = b_i, stage s full and
@@ -662,7 +701,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // Prologue: stage 0 full and, for a packed batch's short newest chunk or with g, prepared;
   // no wgmma issued.
   wait_bar(&full_bar[0], 0);
-  if (partial || use_g) {
+  if (!FWD && (partial || use_g)) {
     // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
     // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
     // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
@@ -688,15 +727,26 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   int s = 0;
   uint32_t phase = 0;  // full[s]'s phase for chunk i
   for (int i = 0; i < NC; ++i) {
-    const int c = NC - 1 - i;
+    const int c = chunk_of(i, NC);
     const int64_t chunk = boh + c;
     const bool last = i + 1 == NC;
-    const bool part = partial && i == 0;
+    const bool part = partial && i == i_short;
     const int rows = part ? rows0 : BT;
     const bool wrap = s + 1 == STAGES;
     const int ns = wrap ? 0 : s + 1;  // stage of chunk i + 1
     const uint32_t nphase = wrap ? phase ^ 1u : phase;
     const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
+
+    // FWD, a packed batch's short last chunk: k's rows past the sequence's end (the next
+    // sequence's) zeroed before WD reads them (0 * NaN would not vanish); w's and u's only
+    // reach v_new's columns past the end, which are masked.
+    if (FWD && part) {
+      for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
+        if ((j >> 3) % BT >= rows0) st_shared_v4(st_u32 + Map::W_OFF + (j >> 3) * 128 + (j & 7) * 16, make_uint4(0, 0, 0, 0));
+      }
+      fence_proxy_async();
+      wg_sync();
+    }
 
     // dh[chunk] = bf16(b), as DV's A fragment.
     CUTE_UNROLL
@@ -726,27 +776,51 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     if (DEFER_DV2 && i > 0) stage_dv2();
     fence_proxy_async();
     wg_sync();
-    const bool prev_part = DEFER_DV2 && partial && i == 1;
+    // The previous chunk's (c + 1; FWD c - 1, never the short one: that is the last).
+    const int c_prev = FWD ? c - 1 : c + 1;
+    const bool prev_part = DEFER_DV2 && !FWD && partial && i == 1;
     if (leader) {
       tma_store_dh(chunk);
-      if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c + 1);
+      if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c_prev);
       tma_store_arrive();
     }
-    if (prev_part) plain_store_dv2(c + 1, rows0);
+    if (prev_part) plain_store_dv2(c + 1, rows0);  // stage 4 only
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
-    issue_qd(s);
-    // dv^T of stage s, in DV's accumulator order (packed), for the epilogue.
+    if constexpr (!FWD) issue_qd(s);
+    // dv^T (FWD: u^T) of stage s, in DV's accumulator order (packed), for the epilogue.
     uint32_t dvr[ND / 2];
     CUTE_UNROLL
     for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
-    warpgroup_wait<1>();
+    if constexpr (FWD)
+      warpgroup_wait<0>();  // DV is the only wgmma in flight
+    else
+      warpgroup_wait<1>();
     fence_regs(dv);
-    {
+    if constexpr (FWD) {
+      // v_new = u + (-W) in fp32, rounded (stored); v_upd = gate . v_new, rounded (WD's A).
+      const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt) {
+        CUTE_UNROLL
+        for (int m = 0; m < 4; ++m) {
+          const float2 d = widen2<T>(dvr[4 * kt + m]);
+          const int e = 8 * kt + 2 * m;
+          const float x0 = d.x + dv[e], x1 = d.y + dv[e + 1];
+          if constexpr (G) {
+            const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
+            vst[4 * kt + m] = pack2<T>(x0, x1);
+            adv2[4 * kt + m] = pack2<T>(x0 * gt.x, x1 * gt.y);
+          } else {
+            adv2[4 * kt + m] = pack2<T>(x0, x1);
+          }
+        }
+      }
+    } else {
       const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
       CUTE_UNROLL
       for (int kt = 0; kt < BT / 16; ++kt) {
@@ -768,14 +842,17 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       for (int j = 0; j < ND / 2; ++j) adv2[j] = mask_pair(adv2[j], fg.col(2 * j), rows);
     }
 
-    // QD_i complete: b = decay . b + scale . QD_i.
-    warpgroup_wait<0>();
-    fence_regs(qd);
+    // QD_i complete: b = decay . b + scale . QD_i (FWD: decay . b).
+    if constexpr (!FWD) {
+      warpgroup_wait<0>();
+      fence_regs(qd);
+    }
     fence_regs(b);
     // (The decay row is read here, each pair used as it lands: read while QD_i runs, its
     // 32 registers live across the epilogue would spill at K = 128. b itself is not
     // touched while a wgmma is in flight: ptxas would then make the first such write wait
     // for every wgmma of the chunk, C7517.)
+    // (FWD: b = decay . b; scale and QD are stage 4's.)
     if (use_gk) {
       const uint32_t sd = smem_u32 + Map::DECAY_OFF + s * K * 4 + fg.col0 * 4;
       CUTE_UNROLL
@@ -784,20 +861,30 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         CUTE_UNROLL
         for (int hh = 0; hh < 2; ++hh) {
           const int e = 4 * j + 2 * hh;
-          b[e] = fmaf(scale, qd[e], d.x * b[e]);
-          b[e + 1] = fmaf(scale, qd[e + 1], d.y * b[e + 1]);
+          if constexpr (FWD) {
+            b[e] = d.x * b[e];
+            b[e + 1] = d.y * b[e + 1];
+          } else {
+            b[e] = fmaf(scale, qd[e], d.x * b[e]);
+            b[e + 1] = fmaf(scale, qd[e + 1], d.y * b[e + 1]);
+          }
         }
       }
     } else if (use_g) {
       const float d = ld_shared_f32(gate_at(s) + G_DECAY * 4);
       CUTE_UNROLL
-      for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], d * b[e]);
-    } else {
+      for (int e = 0; e < NS; ++e) {
+        if constexpr (FWD)
+          b[e] = d * b[e];
+        else
+          b[e] = fmaf(scale, qd[e], d * b[e]);
+      }
+    } else if constexpr (!FWD) {
       CUTE_UNROLL
       for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
     }
 
-    // b^T += -(dv2^T . w)
+    // b^T += -(dv2^T . w)  (FWD: b^T += v_upd^T . k)
     {
       auto tB = kt_descs(thr_wd, s, Map::W_OFF);
       fence_regs(adv2);
@@ -815,7 +902,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // and stored while DV_{i+1} runs, or after the loop; else below.)
     if (!last) {
       wait_bar(&full_bar[ns], nphase);
-      if (use_g) {
+      if (!FWD && use_g) {
         prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
         if (DEFER_DV2) {
           fence_proxy_async();
@@ -845,18 +932,19 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     s = ns;
   }
   if constexpr (DEFER_DV2) {
-    // The last chunk's (c = 0) dv2.
+    // The last chunk's dv2 (c = 0; FWD c = NC - 1, the short one of a packed sequence).
     if (leader) tma_store_wait<0>();
     wg_sync();
     stage_dv2();
     fence_proxy_async();
     wg_sync();
-    const bool last_part = partial && NC == 1;
+    const int c_last = FWD ? NC - 1 : 0;
+    const bool last_part = partial && (FWD || NC == 1);
     if (leader && !last_part) {
-      tma_store_dv2(0);
+      tma_store_dv2(c_last);
       tma_store_arrive();
     }
-    if (last_part) plain_store_dv2(0, rows0);
+    if (last_part) plain_store_dv2(c_last, rows0);
   }
   store_dh0();
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads

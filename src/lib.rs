@@ -695,6 +695,19 @@ op_pyfunction! {
     }
 }
 
+op_pyfunction! {
+    /// Tests only: the forward scan's kernel (fla's chunk_gated_delta_rule_fwd_h) on a
+    /// stage-4 call that carries a forward call (`launch::launch_forward_probe`: k, w; dv = u;
+    /// dht = initial_state; h0 given for final_state in dh0; outputs dh = h, dv2 = v_new; q
+    /// and do read by validation only). Raises as `launch`, and ValueError where the plan is
+    /// not one sm_90a warpgroup per CTA without a split. Does not synchronize.
+    #[name = "_fwd_h_probe"]
+    fn py_fwd_h_probe<'py>(_py; op; dh: &Bound<'py, PyAny>, dh0: Option<&Bound<'py, PyAny>>, dv2: &Bound<'py, PyAny>, stream: u64)
+        signature_tail(, *, dh, dh0, dv2, stream) -> PyResult<()> {
+        guard(|| launch::launch_forward_probe(&op.args(None)?, &outputs(dh, dh0, dv2)?, stream))
+    }
+}
+
 /// `new_empty`'s keyword arguments for dh0, {"dtype": torch.float32}: a new dict each
 /// call (torch hands the dict itself to a TorchFunctionMode, which may change it).
 fn float32_kwargs(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -934,6 +947,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BT", facts::BT)?;
     m.add("BV", facts::BV)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(py_fwd_h_probe, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;
     m.add_class::<PyCall>()?;

@@ -239,6 +239,35 @@ const SM90_ENTRIES: [&str; 32] = [
     "kda_dhu_sm90_rs_k128_bf16_wg2_svf_g",
     "kda_dhu_sm90_rs_k128_fp16_wg2_svf_g",
 ];
+/// The sm_90a image's forward-scan entry points (fla's `chunk_gated_delta_rule_fwd_h`; the
+/// register-state kernel's FWD instance, one warpgroup), in `fwd_slot` order: k64/k128 x
+/// bf16/fp16, then with state_v_first, then those eight with the scalar gate g. Launched
+/// only by `launch::launch_forward_probe` so far (tests: a stage-4 call's params carry a
+/// forward call, SPEC.md "The twin").
+pub const FWD_ENTRIES: [&str; 16] = [
+    "kda_dhu_sm90_fwd_k64_bf16",
+    "kda_dhu_sm90_fwd_k64_fp16",
+    "kda_dhu_sm90_fwd_k128_bf16",
+    "kda_dhu_sm90_fwd_k128_fp16",
+    "kda_dhu_sm90_fwd_k64_bf16_svf",
+    "kda_dhu_sm90_fwd_k64_fp16_svf",
+    "kda_dhu_sm90_fwd_k128_bf16_svf",
+    "kda_dhu_sm90_fwd_k128_fp16_svf",
+    "kda_dhu_sm90_fwd_k64_bf16_g",
+    "kda_dhu_sm90_fwd_k64_fp16_g",
+    "kda_dhu_sm90_fwd_k128_bf16_g",
+    "kda_dhu_sm90_fwd_k128_fp16_g",
+    "kda_dhu_sm90_fwd_k64_bf16_svf_g",
+    "kda_dhu_sm90_fwd_k64_fp16_svf_g",
+    "kda_dhu_sm90_fwd_k128_bf16_svf_g",
+    "kda_dhu_sm90_fwd_k128_fp16_svf_g",
+];
+
+/// Slot in FWD_ENTRIES of the forward scan with these properties.
+pub fn fwd_slot(k: u32, dtype: DType, svf: bool, g: bool) -> usize {
+    (if k == 64 { 0 } else { 2 }) + usize::from(dtype != DType::BF16) + if svf { 4 } else { 0 } + if g { 8 } else { 0 }
+}
+
 /// The sm_100a image's (one kernel shape, [K, V] states).
 const SM100_ENTRIES: [&str; 4] =
     ["kda_dhu_sm100_k64_bf16", "kda_dhu_sm100_k64_fp16", "kda_dhu_sm100_k128_bf16", "kda_dhu_sm100_k128_fp16"];
@@ -1057,6 +1086,23 @@ pub(crate) mod tests {
         // Device is the last clause.
         let dev = DeviceInfo { cc_major: 8, cc_minor: 0, sm_count: 108 };
         assert_eq!(reason(plan(&d, &dev, Rule::B2a)), "T % 64 != 0 (T=100)");
+    }
+
+    #[test]
+    fn forward_entry_points_and_slots() {
+        for k in [64u32, 128] {
+            for dt in [DType::BF16, DType::F16] {
+                for (svf, g) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let want = format!(
+                        "kda_dhu_sm90_fwd_k{k}_{}{}{}",
+                        if dt == DType::BF16 { "bf16" } else { "fp16" },
+                        if svf { "_svf" } else { "" },
+                        if g { "_g" } else { "" }
+                    );
+                    assert_eq!(FWD_ENTRIES[fwd_slot(k, dt, svf, g)], want);
+                }
+            }
+        }
     }
 
     #[test]

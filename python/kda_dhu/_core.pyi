@@ -235,6 +235,34 @@ def launch(
     reason when the "capable" plan would say fallback. Does not synchronize.
     """
 
+def _fwd_h_probe(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    do: Tensor,
+    dv: Tensor,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    h0: Tensor | None = None,
+    dht: Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: Tensor | None = None,
+    chunk_offsets: Tensor | None = None,
+    *,
+    dh: Tensor,
+    dh0: Tensor | None,
+    dv2: Tensor,
+    stream: int,
+) -> None:
+    """Tests only: the forward scan's kernel (fla's chunk_gated_delta_rule_fwd_h) on a
+    stage-4 call carrying a forward call: k, w; dv = u; dht = initial_state; h0 given for a
+    final state (written to dh0); outputs dh = h, dv2 = v_new; q and do any tensors of their
+    shapes. Raises as ``launch``, and ValueError where the plan is not one sm_90a warpgroup
+    per CTA without a split. Does not synchronize."""
+
 def check_tables(
     cu_seqlens: list[int], t: int, chunk_offsets: list[int] | None = None, nt: int | None = None
 ) -> list[int]:

@@ -42,9 +42,21 @@ SPLIT_ENTRY_POINTS = [
 ] + ["kda_dhu_sm90_seg_merge_k64", "kda_dhu_sm90_seg_merge_k128"]
 
 
+# The forward scan's (src/plan.rs FWD_ENTRIES: fla's chunk_gated_delta_rule_fwd_h on the
+# kernel's FWD instance, one warpgroup).
+FWD_ENTRY_POINTS = [
+    f"kda_dhu_sm90_fwd_k{k}_{dt}{svf}{g}"
+    for g in ("", "_g")
+    for svf in ("", "_svf")
+    for k in (64, 128)
+    for dt in ("bf16", "fp16")
+]
+
+
 def test_thirty_two_register_state_entry_points():
     assert len(set(RS_ENTRY_POINTS)) == 32
     assert len(set(SPLIT_ENTRY_POINTS)) == 18
+    assert len(set(FWD_ENTRY_POINTS)) == 16
 
 
 def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
@@ -53,7 +65,7 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
     K = 128 (<= 255, and K = 64 keeps two CTAs per SM: <= 204); two warpgroups report
     the launch's 168 (setmaxnreg gives the consumers 240)."""
     info = _core.build_info()
-    for name in RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS[:16]:
+    for name in RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS[:16] + FWD_ENTRY_POINTS:
         line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
         assert line is not None, f"{name} missing from build_info():\n{info}"
         assert line.startswith("dhu_sm90 sm_90a "), line
@@ -65,13 +77,15 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
             assert regs == 168, line
         elif "_k64_" in name:
             assert 64 <= regs <= 204, line
+        elif "_fwd_" in name:  # no QD accumulator
+            assert 128 <= regs <= 255, line
         else:
             assert 200 <= regs <= 255, line
 
 
 def test_the_image_holds_only_these_sm90a_entry_points():
     names = sorted(m.group(1) for m in re.finditer(r" (kda_dhu_sm90_\w+): \d+ registers", _core.build_info()))
-    assert set(names) == set(RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS), names
+    assert set(names) == set(RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS + FWD_ENTRY_POINTS), names
 
 
 def test_the_merge_kernel_has_no_stack_frame():

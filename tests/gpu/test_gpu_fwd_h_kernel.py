@@ -1,0 +1,121 @@
+"""The forward scan's kernel (fla's ``chunk_gated_delta_rule_fwd_h``; the register-state
+kernel's FWD instance, cuda/dhu_sm90_regstate.cuh) against the float64 reference and fla.
+
+No host path runs it yet: ``_core._fwd_h_probe`` launches it on a stage-4 call that carries
+the forward call (k, w as themselves, dv = u, dht = initial_state, h0 given for a final
+state written to dh0; outputs dh = h, dv2 = v_new). Outputs are poisoned with NaN first;
+every output is compared: h, v_new and final_state within the 16-bit rounding of the
+reference that models fla's two operand casts, and no farther from it than fla is.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from helpers import make_inputs
+from kda_dhu import _core
+from kda_dhu.reference import chunk_gated_delta_rule_fwd_h_ref, rel_err
+
+pytestmark = pytest.mark.gpu
+
+BT = 64
+
+# name: make_inputs arguments (stage-4 inputs; the forward call takes k, w, u = dv,
+# initial_state = dht, the gates and the packing).
+CASES = {
+    "none": dict(B=2, T=512, H=4, HV=4, K=128, V=128, gate=None),
+    "g": dict(B=2, T=512, H=4, HV=4, K=128, V=128, gate="g"),
+    "gk": dict(B=2, T=512, H=4, HV=4, K=128, V=128, gate="gk"),
+    "gk-k64": dict(B=2, T=256, H=2, HV=2, K=64, V=128, gate="gk"),
+    "gk-fp16": dict(B=2, T=256, H=2, HV=2, K=128, V=128, gate="gk", dtype=torch.float16),
+    "gk-gva-tail": dict(B=2, T=300, H=2, HV=4, K=128, V=64, gate="gk"),
+    "gk-varlen-padded": dict(B=1, T=600, H=2, HV=2, K=128, V=128, gate="gk", varlen_lengths=[70, 64, 1, 300]),
+    "g-varlen": dict(B=1, T=None, H=2, HV=2, K=128, V=128, gate="g", varlen_lengths=[130, 0, 63, 200]),
+    "none-varlen": dict(B=1, T=None, H=2, HV=2, K=64, V=64, gate=None, varlen_lengths=[5, 128, 77]),
+    "gk-svf": dict(B=2, T=256, H=2, HV=2, K=128, V=128, gate="gk", state_v_first=True),
+    "g-svf-k64": dict(B=2, T=200, H=2, HV=2, K=64, V=128, gate="g", state_v_first=True),
+    "gk-no-state": dict(B=2, T=256, H=2, HV=2, K=128, V=128, gate="gk", dht=False, h0=False),
+}
+
+
+def _forward_args(case: str, rng) -> dict:
+    kw = dict(CASES[case])
+    dtype = kw.pop("dtype", torch.bfloat16)
+    s4 = make_inputs(**kw, dtype=dtype, device="cuda", generator=rng)
+    return dict(
+        k=s4["k"], w=s4["w"], u=s4["dv"], g=s4["g"], gk=s4["gk"], initial_state=s4["dht"],
+        state_v_first=s4["state_v_first"], cu_seqlens=s4["cu_seqlens"],
+    )  # fmt: skip
+
+
+def _chunks(a: dict) -> int:
+    cu = a["cu_seqlens"]
+    if cu is None:
+        return -(-a["k"].shape[1] // BT)
+    lens = (cu[1:] - cu[:-1]).tolist()
+    return sum(-(-n // BT) for n in lens)
+
+
+def run_probe(a: dict, output_final_state: bool = True):
+    """(h, v_new, final_state or None) from the forward kernel, outputs NaN-poisoned first."""
+    k, u = a["k"], a["u"]
+    B, _, _, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    N = B if a["cu_seqlens"] is None else a["cu_seqlens"].shape[0] - 1
+    svf = a["state_v_first"]
+    state = (N, HV, V, K) if svf else (N, HV, K, V)
+    h = torch.full((B, _chunks(a), *state[1:]), float("nan"), dtype=k.dtype, device=k.device)
+    v_new = torch.full_like(u, float("nan"))
+    final = torch.full(state, float("nan"), dtype=torch.float32, device=k.device) if output_final_state else None
+    h0 = torch.zeros(state, dtype=torch.float32, device=k.device) if output_final_state else None
+    _core._fwd_h_probe(
+        k, k, a["w"], u, u, a["g"], a["gk"], h0, a["initial_state"], None, svf, a["cu_seqlens"], 64,
+        dh=h, dh0=final, dv2=v_new, stream=torch.cuda.current_stream().cuda_stream,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    return h, v_new, final
+
+
+def _fla_fwd_h():
+    mod = pytest.importorskip("fla.ops.common.chunk_delta_h")
+    return inspect.unwrap(mod.chunk_gated_delta_rule_fwd_h)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_kernel_matches_the_reference_and_fla(case, rng):
+    a = _forward_args(case, rng)
+    got = run_probe(a)
+    emu = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=True, emulate_rounding=True)
+    for name, o, e in zip(("h", "v_new", "final_state"), got, emu):
+        assert o.shape == e.shape, (name, o.shape, e.shape)
+        assert bool(torch.isfinite(o).all()), f"{name}: an element left unwritten (NaN) or not finite"
+        # within the output's 16-bit rounding of the reference (final_state is fp32)
+        assert rel_err(o, e) < 4e-3, (name, rel_err(o, e))
+        assert rel_err(o, e.to(o.dtype)) < 1e-3, (name, rel_err(o, e.to(o.dtype)))
+    fla = list(_fla_fwd_h()(**a, output_final_state=True, save_new_value=True))
+    cu = a["cu_seqlens"]
+    if cu is not None:  # fla leaves v_new's rows past cu_seqlens[-1] unwritten
+        fla[1] = fla[1].clone()
+        fla[1][:, int(cu[-1]) :] = 0
+    for name, o, f, e in zip(("h", "v_new", "final_state"), got, fla, emu):
+        assert rel_err(o, f) < 4e-3, (name, "vs fla", rel_err(o, f))
+        # no farther from the reference than fla, up to the sums' order
+        assert rel_err(o, e) <= 1.25 * rel_err(f, e) + 1e-5, (name, rel_err(o, e), rel_err(f, e))
+
+
+def test_forward_kernel_without_a_final_state_writes_h_and_v_new(rng):
+    a = _forward_args("gk-gva-tail", rng)
+    h, v_new, final = run_probe(a, output_final_state=False)
+    emu = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=False, emulate_rounding=True)
+    assert final is None and emu[2] is None
+    assert rel_err(h, emu[0]) < 4e-3 and rel_err(v_new, emu[1]) < 4e-3
+
+
+def test_forward_kernel_is_deterministic(rng):
+    a = _forward_args("gk-varlen-padded", rng)
+    first = run_probe(a)
+    again = run_probe(a)
+    for x, y in zip(first, again):
+        assert torch.equal(x, y)
