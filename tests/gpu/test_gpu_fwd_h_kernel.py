@@ -68,7 +68,9 @@ def run_probe(a: dict, output_final_state: bool = True):
     state = (N, HV, V, K) if svf else (N, HV, K, V)
     h = torch.full((B, _chunks(a), *state[1:]), float("nan"), dtype=k.dtype, device=k.device)
     v_new = torch.full_like(u, float("nan"))
-    final = torch.full(state, float("nan"), dtype=torch.float32, device=k.device) if output_final_state else None
+    final = (
+        torch.full(state, float("nan"), dtype=torch.float32, device=k.device) if output_final_state else None
+    )
     h0 = torch.zeros(state, dtype=torch.float32, device=k.device) if output_final_state else None
     _core._fwd_h_probe(
         k, k, a["w"], u, u, a["g"], a["gk"], h0, a["initial_state"], None, svf, a["cu_seqlens"], 64,
