@@ -171,8 +171,16 @@ mod tests {
     use crate::tensor::DType;
 
     fn kernel(arch: Arch) -> Plan {
-        let config =
-            KernelConfig { k: 128, dtype: DType::BF16, flags: 0, grid: [2, 32, 8], nwg: 1, svf: false, split: None };
+        let config = KernelConfig {
+            k: 128,
+            dtype: DType::BF16,
+            flags: 0,
+            grid: [2, 32, 8],
+            nwg: 1,
+            svf: false,
+            split: None,
+            forward: false,
+        };
         Plan::Kernel { arch, config }
     }
 

@@ -23,7 +23,7 @@ use crate::env;
 use crate::error::{Error, Result};
 use crate::facts;
 use crate::kernels;
-use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, FWD_ENTRIES, MAX_SLOTS};
+use crate::plan::{plan, Arch, DeviceInfo, KernelConfig, Plan, Rule, MAX_SLOTS};
 use crate::split::{self, Split, SPLIT_ENTRIES};
 use crate::tensor::TensorMeta;
 use crate::tma::{tensor_maps, TmaPointers, TmaShape};
@@ -68,8 +68,6 @@ struct Kernels {
     /// sm_90a: the sequence split's kernels, indexed as `split::SPLIT_ENTRIES` (null on
     /// sm_100a, whose plans are never split).
     split: [Handle<CUfunction>; SPLIT_ENTRIES.len()],
-    /// sm_90a: the forward scan's kernels, indexed as `plan::FWD_ENTRIES` (null on sm_100a).
-    fwd: [Handle<CUfunction>; FWD_ENTRIES.len()],
     /// The image they came from, e.g. "dhu_sm90 sm_90a, CUDA 12 image".
     image: String,
 }
@@ -199,18 +197,13 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
         funcs[slot] = Handle(function(cfg.entry_point(arch), smem_bytes(arch, &cfg))?);
     }
     let mut split_funcs = [Handle(std::ptr::null_mut()); SPLIT_ENTRIES.len()];
-    let mut fwd_funcs = [Handle(std::ptr::null_mut()); FWD_ENTRIES.len()];
     if arch == Arch::Sm90 {
         for (slot, name) in SPLIT_ENTRIES.iter().enumerate() {
             let smem = if split::is_summary_slot(slot) { split_pass1_smem(split::slot_k(slot)) } else { 0 };
             split_funcs[slot] = Handle(function(name, smem)?);
         }
-        for (slot, name) in FWD_ENTRIES.iter().enumerate() {
-            // The one-warpgroup shared-memory map of its K (slots 0, 1 and 4, 5 (+ 8): K = 64).
-            fwd_funcs[slot] = Handle(function(name, split_pass1_smem(if slot % 4 < 2 { 64 } else { 128 }))?);
-        }
     }
-    Ok(Kernels { _module: Handle(module), funcs, split: split_funcs, fwd: fwd_funcs, image: image.label.clone() })
+    Ok(Kernels { _module: Handle(module), funcs, split: split_funcs, image: image.label.clone() })
 }
 
 /// The image `arch`'s kernels load from on a driver of `driver_version`:
@@ -774,43 +767,14 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
 /// The forward scan (fla's `chunk_gated_delta_rule_fwd_h`) on the params of a stage-4 call
 /// that carries it (SPEC.md, "The twin"): k, w as themselves, dv = u, dht = initial_state,
 /// h0 present for a final state (dh0 = final_state), outputs dh = h, dv2 = v_new; q and do
-/// any tensors of their shapes (not read). The call is validated and planned as stage 4's
-/// ("capable"); its plan must be one warpgroup per CTA without a split (else ValueError),
-/// and the launch runs the FWD instance of that plan's K, dtype, layout and gate. A probe
-/// for the kernel's GPU tests until the forward op has its own description. No sync.
+/// any tensors of their shapes (not read). Validated as stage 4's call, then planned as the
+/// forward scan ("capable": `CallDesc::forward`, one warpgroup per CTA, no split). A probe
+/// for the kernel's GPU tests beside the forward op's own path (`crate::forward`). No sync.
 pub fn launch_forward_probe(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
-    let desc = validate(args, true)?;
+    let mut desc = validate(args, true)?;
+    desc.forward = true;
     let info = device_info(validated_ordinal(&desc)?)?;
-    let (arch, config, mut params) = launch_params(args, &desc, &info, None, outs)?;
-    if arch != Arch::Sm90 || config.nwg != 1 || config.split.is_some() {
-        return Err(Error::value(
-            "call",
-            format!(
-                "expected a plan of one sm_90a warpgroup per CTA without a split for the forward scan, got {arch:?}, \
-                 {} warpgroups, split {:?}",
-                config.nwg, config.split
-            ),
-        ));
-    }
-    let drv = driver()?;
-    let dev = device(desc.device.expect("planned with a device"))?;
-    let ctx = dev.context()?;
-    let _scope = CtxScope::enter(ctx)?;
-    let kernels = dev.kernels(drv, arch)?;
-    let slot = crate::plan::fwd_slot(config.k, config.dtype, config.svf, config.has_g());
-    if desc.varlen() {
-        params.error = dev.error_record()?.device;
-    }
-    let one = Launch { drv, dev, stream: stream as sys::CUstream };
-    let mut param_ptr = [&mut params as *mut DhuParams as *mut c_void];
-    one.run(
-        FWD_ENTRIES[slot],
-        kernels.fwd[slot].0,
-        config.grid,
-        config.block_threads(arch),
-        smem_bytes(arch, &config),
-        &mut param_ptr,
-    )
+    launch_validated(args, &desc, &info, None, outs, stream)
 }
 
 /// Kernel launches of this process that the driver accepted (every route: tests and
@@ -1021,6 +985,7 @@ mod tests {
             nwg: 1,
             svf: false,
             split: None,
+            forward: false,
         };
         let p = fill_scalars(&a, &o, &desc, &config, nt).unwrap();
         assert_eq!((p.t, p.nt, p.h, p.hv, p.v), (1000, 16, 4, 8, 128));
@@ -1051,6 +1016,7 @@ mod tests {
             nwg: 1,
             svf: false,
             split: None,
+            forward: false,
         };
         let p = fill_scalars(&a, &o, &desc, &config, 17).unwrap();
         assert_eq!((p.cu_seqlens, p.chunk_offsets, p.nt, p.t, p.n), (0x40, 0, 17, 1000, 3));
@@ -1394,16 +1360,12 @@ mod tests {
         let k = load_with(&api, &H200_TARGET).unwrap();
         assert!(k.funcs.iter().all(|f| !f.0.is_null()));
         assert!(k.split.iter().all(|f| !f.0.is_null()));
-        assert!(k.fwd.iter().all(|f| !f.0.is_null()));
-        // The stage-4 entry points, then the split's first-pass kernels (the merge asks for
-        // no dynamic shared memory), then the forward scan's (the one-warpgroup map of their K).
+        // The stage-4 and forward-scan entry points, then the split's first-pass kernels (the
+        // merge asks for no dynamic shared memory).
         let mut want: Vec<i32> =
             KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c) as i32).collect();
         for slot in (0..SPLIT_ENTRIES.len()).filter(|&s| split::is_summary_slot(s)) {
             want.push(split_pass1_smem(split::slot_k(slot)) as i32);
-        }
-        for name in FWD_ENTRIES {
-            want.push(split_pass1_smem(if name.contains("_k64_") { 64 } else { 128 }) as i32);
         }
         assert_eq!(*api.smem_set.borrow(), want);
     }

@@ -199,6 +199,9 @@ pub struct KernelConfig {
     /// A sequence split (sm_90a, dense, below one wave: src/split.rs), or None. With a
     /// split, `grid`, `nwg` and the entry point are its second pass's.
     pub split: Option<Split>,
+    /// The forward scan (fla's `chunk_gated_delta_rule_fwd_h`: the FWD instances,
+    /// `FWD_ENTRIES`; one warpgroup, no split).
+    pub forward: bool,
 }
 
 /// The sm_90a image's entry points (cuda/dhu_sm90.cu; the kernel, the state held in
@@ -271,13 +274,14 @@ pub fn fwd_slot(k: u32, dtype: DType, svf: bool, g: bool) -> usize {
 /// The sm_100a image's (one kernel shape, [K, V] states).
 const SM100_ENTRIES: [&str; 4] =
     ["kda_dhu_sm100_k64_bf16", "kda_dhu_sm100_k64_fp16", "kda_dhu_sm100_k128_bf16", "kda_dhu_sm100_k128_fp16"];
-/// Slots of the largest image (the launch table's size).
-pub const MAX_SLOTS: usize = SM90_ENTRIES.len();
+/// Slots of the largest image (the launch table's size): stage 4's, then the forward scan's.
+pub const MAX_SLOTS: usize = SM90_ENTRIES.len() + FWD_ENTRIES.len();
 
 impl KernelConfig {
     /// The kernel's extern "C" name, e.g. `kda_dhu_sm90_rs_k128_bf16`.
     pub fn entry_point(&self, arch: Arch) -> &'static str {
         match arch {
+            Arch::Sm90 if self.forward => FWD_ENTRIES[self.slot() - SM90_ENTRIES.len()],
             Arch::Sm90 => SM90_ENTRIES[self.slot()],
             // one kernel shape: the planner never sends nwg 2 or state_v_first there
             Arch::Sm100 => SM100_ENTRIES[self.slot() % SM100_ENTRIES.len()],
@@ -293,7 +297,34 @@ impl KernelConfig {
         for &flags in gates {
             for &(svf, nwg) in shapes {
                 for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                    configs.push(KernelConfig { k, dtype, flags, grid: [1, 1, 1], nwg, svf, split: None });
+                    configs.push(KernelConfig {
+                        k,
+                        dtype,
+                        flags,
+                        grid: [1, 1, 1],
+                        nwg,
+                        svf,
+                        split: None,
+                        forward: false,
+                    });
+                }
+            }
+        }
+        if arch == Arch::Sm90 {
+            for &flags in gates {
+                for svf in [false, true] {
+                    for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
+                        configs.push(KernelConfig {
+                            k,
+                            dtype,
+                            flags,
+                            grid: [1, 1, 1],
+                            nwg: 1,
+                            svf,
+                            split: None,
+                            forward: true,
+                        });
+                    }
                 }
             }
         }
@@ -309,6 +340,9 @@ impl KernelConfig {
     /// same four with two warpgroups, then those eight with state_v_first, then those
     /// sixteen with g).
     pub fn slot(&self) -> usize {
+        if self.forward {
+            return SM90_ENTRIES.len() + fwd_slot(self.k, self.dtype, self.svf, self.has_g());
+        }
         (if self.k == 64 { 0 } else { 2 })
             + usize::from(self.dtype != DType::BF16)
             + if self.nwg == 2 { 4 } else { 0 }
@@ -432,6 +466,7 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
     // call's.
     match arch {
         Some(Arch::Sm90) => None,
+        Some(Arch::Sm100) if desc.forward => Some("sm_100 kernel: no forward scan (fwd_h) kernel".to_string()),
         Some(Arch::Sm100) => sm100_envelope(desc),
         None => Some(format!("no kernel for {}", dev.sm_name())),
     }
@@ -484,10 +519,11 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_OFFSETS_I32;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
-    let split = split::split(desc, dev, arch, crate::env::sm90_split());
+    // The forward scan: one warpgroup per CTA, never split (its FWD instances).
+    let split = if desc.forward { None } else { split::split(desc, dev, arch, crate::env::sm90_split()) };
     // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
     let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
-    let nwg = warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override());
+    let nwg = if desc.forward { 1 } else { warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override()) };
     Plan::Kernel {
         arch,
         config: KernelConfig {
@@ -498,6 +534,7 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
             nwg,
             svf: desc.state_v_first,
             split,
+            forward: desc.forward,
         },
     }
 }
@@ -572,6 +609,7 @@ pub(crate) mod tests {
                 })
                 .collect(),
             device: Some(0),
+            forward: false,
         }
     }
 
@@ -1089,6 +1127,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_forward_scan_plans_one_warpgroup_unsplit_on_sm90_only() {
+        // B8 H32 K = V = 128 would take two warpgroups for stage 4; B1 H16 T 65536 a split.
+        for (b, hv, t) in [(8, 32, 4096), (1, 16, 65536)] {
+            let mut d = base();
+            d.dims.b = b;
+            d.dims.n = b;
+            d.dims.h = hv;
+            d.dims.hv = hv;
+            d.dims.t = t;
+            d.forward = true;
+            let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
+            assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, 1, None, true));
+            assert_eq!(config.grid, [2, hv as u32, b as u32]);
+            assert_eq!(config.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16");
+            d.has_gk = false;
+            d.has_g = true;
+            let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
+            assert_eq!(config.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16_g");
+            assert_eq!(KernelConfig::all(Arch::Sm90)[config.slot()].entry_point(arch), config.entry_point(arch));
+            assert_eq!(reason(plan(&d, &B200, Rule::Extended)), "sm_100 kernel: no forward scan (fwd_h) kernel");
+        }
+    }
+
+    #[test]
     fn forward_entry_points_and_slots() {
         for k in [64u32, 128] {
             for dt in [DType::BF16, DType::F16] {
@@ -1107,8 +1169,16 @@ pub(crate) mod tests {
 
     #[test]
     fn entry_points_and_slots() {
-        let mut c =
-            KernelConfig { k: 64, dtype: DType::BF16, flags: 0, grid: [1, 1, 1], nwg: 1, svf: false, split: None };
+        let mut c = KernelConfig {
+            k: 64,
+            dtype: DType::BF16,
+            flags: 0,
+            grid: [1, 1, 1],
+            nwg: 1,
+            svf: false,
+            split: None,
+            forward: false,
+        };
         let mut seen = Vec::new();
         for k in [64, 128] {
             for dt in [DType::BF16, DType::F16] {

@@ -118,6 +118,10 @@ pub struct CallDesc {
     pub layouts: Vec<TensorLayout>,
     /// The CUDA ordinal every tensor is on; None when the device check was skipped.
     pub device: Option<i32>,
+    /// fla's forward scan (`chunk_gated_delta_rule_fwd_h`, `crate::forward`) carried by
+    /// this call's fields (k, w; dv = u; dht = initial_state; has_h0 = output_final_state),
+    /// not stage 4.
+    pub forward: bool,
 }
 
 impl CallDesc {
@@ -542,6 +546,7 @@ pub fn validate_dtypes(a: &CallArgs, check_device: bool, dtypes: &Dtypes) -> Res
         chunk_size: a.chunk_size,
         layouts,
         device,
+        forward: false,
     })
 }
 
