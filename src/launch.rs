@@ -635,6 +635,17 @@ impl Prepared {
     /// that a kernel on that device found since the last call (see `check_input_errors`).
     pub fn new(args: CallArgs, rule: Rule) -> Result<(Prepared, Plan)> {
         let desc = validate(&args, true)?;
+        Prepared::on_device(args, desc, rule)
+    }
+
+    /// `new` for fla's forward scan (`crate::forward`): validated in its own names, carried
+    /// by its stage-4 call, planned as the forward scan.
+    pub fn new_forward(a: &crate::forward::FwdArgs, rule: Rule) -> Result<(Prepared, Plan)> {
+        let desc = crate::forward::validate(a, true)?;
+        Prepared::on_device(a.carrier(), desc, rule)
+    }
+
+    fn on_device(args: CallArgs, desc: CallDesc, rule: Rule) -> Result<(Prepared, Plan)> {
         let ordinal = validated_ordinal(&desc)?;
         let info = device_info(ordinal)?;
         check_input_errors(ordinal)?;

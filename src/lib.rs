@@ -21,6 +21,7 @@ pub mod driver;
 pub mod env;
 pub mod error;
 pub mod facts;
+pub mod forward;
 pub mod kernels;
 pub mod launch;
 pub mod plan;
@@ -158,8 +159,13 @@ fn chunk_size_arg(arg: &Arg<'_>) -> error::Result<i64> {
 
 /// `state_v_first`: a bool (Python's or numpy's). Not passed or None: False.
 fn state_v_first_arg(arg: &Arg<'_>) -> error::Result<bool> {
-    let Some(o) = arg.0.as_ref().filter(|o| !o.is_none()) else { return Ok(false) };
-    o.extract::<bool>().map_err(|_| Error::type_("state_v_first", format!("expected a bool, got {}", py_type_name(o))))
+    flag_arg(arg, "state_v_first", false)
+}
+
+/// A bool argument `name` (Python's or numpy's). Not passed or None: `default`.
+fn flag_arg(arg: &Arg<'_>, name: &'static str, default: bool) -> error::Result<bool> {
+    let Some(o) = arg.0.as_ref().filter(|o| !o.is_none()) else { return Ok(default) };
+    o.extract::<bool>().map_err(|_| Error::type_(name, format!("expected a bool, got {}", py_type_name(o))))
 }
 /// fla's arguments of one call as Python objects, in the order of `validate::ARGUMENTS`
 /// (use_graph, which changes only where the outputs live, apart): what `op_pyfunction!`
@@ -708,6 +714,161 @@ op_pyfunction! {
     }
 }
 
+/// The forward call's arguments as Python objects (fla's `chunk_gated_delta_rule_fwd_h`,
+/// `forward::ARGUMENTS`).
+struct FwdObjects<'a, 'py> {
+    k: &'a Bound<'py, PyAny>,
+    w: &'a Bound<'py, PyAny>,
+    u: &'a Bound<'py, PyAny>,
+    g: Option<&'a Bound<'py, PyAny>>,
+    gk: Option<&'a Bound<'py, PyAny>>,
+    initial_state: Option<&'a Bound<'py, PyAny>>,
+    output_final_state: &'a Arg<'py>,
+    chunk_size: &'a Arg<'py>,
+    save_new_value: &'a Arg<'py>,
+    state_v_first: &'a Arg<'py>,
+    cu_seqlens: Option<&'a Bound<'py, PyAny>>,
+    chunk_indices: Option<&'a Bound<'py, PyAny>>,
+    chunk_offsets: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl FwdObjects<'_, '_> {
+    fn args(&self) -> error::Result<forward::FwdArgs> {
+        let output_final_state = flag_arg(self.output_final_state, "output_final_state", false)?;
+        let save_new_value = flag_arg(self.save_new_value, "save_new_value", true)?;
+        let state_v_first = state_v_first_arg(self.state_v_first)?;
+        let chunk_size = chunk_size_arg(self.chunk_size)?;
+        let varlen = self.cu_seqlens.is_some_and(|c| !c.is_none());
+        Ok(forward::FwdArgs {
+            k: TensorMeta::from_py(self.k, "k")?,
+            w: TensorMeta::from_py(self.w, "w")?,
+            u: TensorMeta::from_py(self.u, "u")?,
+            g: TensorMeta::from_py_opt(self.g, "g")?,
+            gk: TensorMeta::from_py_opt(self.gk, "gk")?,
+            initial_state: TensorMeta::from_py_opt(self.initial_state, "initial_state")?,
+            output_final_state,
+            chunk_size,
+            save_new_value,
+            state_v_first,
+            cu_seqlens: TensorMeta::from_py_opt(self.cu_seqlens, "cu_seqlens")?,
+            chunk_indices: if varlen { TensorMeta::from_py_opt(self.chunk_indices, "chunk_indices")? } else { None },
+            chunk_offsets: if varlen { TensorMeta::from_py_opt(self.chunk_offsets, "chunk_offsets")? } else { None },
+        })
+    }
+
+    fn all_plain(&self) -> bool {
+        [Some(self.k), Some(self.w), Some(self.u), self.g, self.gk, self.initial_state, self.cu_seqlens]
+            .into_iter()
+            .chain([self.chunk_indices, self.chunk_offsets])
+            .all(|t| t.is_none_or(|t| t.is_none() || tensor::is_plain_tensor(t)))
+    }
+}
+
+/// fla's forward scan on the kernel, in one crossing: the switches read, the call read
+/// and validated (errors name the forward call's arguments), planned (`CallDesc::forward`),
+/// and where the plan is the kernel, the outputs allocated with torch and the kernel
+/// launched on torch's current stream of k's device: returns (h, v_new or None,
+/// final_state or None) as fla does. Returns None where the call is fla's to run: a tensor
+/// argument that is not a plain torch.Tensor or is in host memory, an input to copy first
+/// (not packed), a packed batch without chunk_indices, no chunks, KDA_DHU_FORCE=fla,
+/// KDA_DHU_CHECK_INPUTS=1 with a packed batch, the planner's fallback, a device that
+/// cannot run the kernel image. Raises TypeError / ValueError naming the argument for
+/// input neither takes (and first a bad packed batch that a kernel on that device found
+/// since the last call), RuntimeError for KDA_DHU_FORCE=kernel where the kernel does not
+/// run the call. Does not synchronize.
+#[pyfunction]
+#[pyo3(name = "fwd_h_run", signature = (k, w, u, g=None, gk=None, initial_state=None, output_final_state=NOT_PASSED, chunk_size=NOT_PASSED, save_new_value=NOT_PASSED, state_v_first=NOT_PASSED, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None, chunk_offsets=None))]
+#[allow(clippy::too_many_arguments)]
+fn py_fwd_h_run<'py>(
+    py: Python<'py>,
+    k: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    u: &Bound<'py, PyAny>,
+    g: Option<&Bound<'py, PyAny>>,
+    gk: Option<&Bound<'py, PyAny>>,
+    initial_state: Option<&Bound<'py, PyAny>>,
+    output_final_state: Arg<'py>,
+    chunk_size: Arg<'py>,
+    save_new_value: Arg<'py>,
+    state_v_first: Arg<'py>,
+    cu_seqlens: Option<&Bound<'py, PyAny>>,
+    cu_seqlens_cpu: Option<&Bound<'py, PyAny>>,
+    chunk_indices: Option<&Bound<'py, PyAny>>,
+    chunk_offsets: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+    let _ = cu_seqlens_cpu; // a host copy of cu_seqlens: not read
+    let objs = FwdObjects {
+        k,
+        w,
+        u,
+        g,
+        gk,
+        initial_state,
+        output_final_state: &output_final_state,
+        chunk_size: &chunk_size,
+        save_new_value: &save_new_value,
+        state_v_first: &state_v_first,
+        cu_seqlens,
+        chunk_indices,
+        chunk_offsets,
+    };
+    if !objs.all_plain() {
+        return Ok(None);
+    }
+    let sw = guard(decide::Switches::now)?;
+    if sw.force == Some(env::Force::Fla) {
+        return Ok(None);
+    }
+    let a = guard(|| objs.args())?;
+    if a.k.device.is_host() {
+        guard(|| forward::validate(&a, false).map(|_| ()))?; // bad input is named on every route
+        return Ok(None);
+    }
+    let (prepared, plan) = guard(|| launch::Prepared::new_forward(&a, Rule::Extended))?;
+    let copies = prepared.desc.copies();
+    let why_not: Option<String> = match &plan {
+        Plan::Fallback { reason } => Some(reason.clone()),
+        Plan::Kernel { .. } if !copies.is_empty() => {
+            let names: Vec<&str> = copies.iter().map(|n| forward::rename(n)).collect();
+            Some(format!("inputs to copy first: {}", names.join(", ")))
+        }
+        Plan::Kernel { .. } if prepared.desc.nt.is_none() => {
+            Some("a packed batch without chunk_indices (its chunk count)".to_string())
+        }
+        Plan::Kernel { .. } if prepared.desc.nt == Some(0) => Some("no chunks".to_string()),
+        Plan::Kernel { .. } if sw.check_inputs && prepared.desc.varlen() => {
+            Some("KDA_DHU_CHECK_INPUTS=1 with a packed batch".to_string())
+        }
+        Plan::Kernel { .. } => None,
+    };
+    if let Some(why) = why_not {
+        return match sw.force {
+            Some(env::Force::Kernel) => Err(to_pyerr(Error::Forced(why))),
+            _ => Ok(None),
+        };
+    }
+    let outs = alloc_outputs(py, k, u, None, &prepared.desc, AllocHow::default())?;
+    let stream = current_stream(py, prepared.desc.device.unwrap_or(0))?;
+    match guard(|| prepared.launch(&outputs(&outs.0, outs.1.as_ref(), &outs.2)?, stream)) {
+        Ok(()) => {}
+        Err(e) if e.is_instance_of::<KernelUnavailableError>(py) && sw.force != Some(env::Force::Kernel) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    }
+    let none = || py.None().into_bound(py);
+    let (h, final_state, v_new) = outs;
+    let v_new = if a.save_new_value { v_new } else { none() };
+    Ok(Some(pyo3::types::PyTuple::new(py, [h, v_new, final_state.unwrap_or_else(none)])?))
+}
+
+/// The forward scan's arguments in fla's order, (name, default's Python repr or None for a
+/// required one): the description its entry points are checked against.
+#[pyfunction]
+fn fwd_h_arguments() -> Vec<(&'static str, Option<&'static str>)> {
+    forward::ARGUMENTS.to_vec()
+}
+
 /// `new_empty`'s keyword arguments for dh0, {"dtype": torch.float32}: a new dict each
 /// call (torch hands the dict itself to a TorchFunctionMode, which may change it).
 fn float32_kwargs(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -948,6 +1109,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BV", facts::BV)?;
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_fwd_h_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(py_fwd_h_run, m)?)?;
+    m.add_function(wrap_pyfunction!(fwd_h_arguments, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;
     m.add_class::<PyCall>()?;

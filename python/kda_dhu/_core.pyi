@@ -235,6 +235,30 @@ def launch(
     reason when the "capable" plan would say fallback. Does not synchronize.
     """
 
+def fwd_h_run(
+    k: Tensor,
+    w: Tensor,
+    u: Tensor,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    save_new_value: bool = True,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    cu_seqlens_cpu: Tensor | None = None,
+    chunk_indices: Tensor | None = None,
+    chunk_offsets: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None] | None:
+    """fla's forward scan on the kernel in one crossing: (h, v_new or None, final_state or
+    None), or None where the call is fla's to run (src/forward.rs says when). Raises
+    TypeError / ValueError naming the argument; RuntimeError for KDA_DHU_FORCE=kernel where
+    the kernel does not run the call. Does not synchronize."""
+
+def fwd_h_arguments() -> list[tuple[str, str | None]]:
+    """fla's chunk_gated_delta_rule_fwd_h arguments in order, (name, default's repr or None)."""
+
 def _fwd_h_probe(
     q: Tensor,
     k: Tensor,

@@ -83,3 +83,32 @@ def test_the_compiled_functions_and_their_stubs_say_the_description(name, before
     stubs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     a = stubs[name].args
     assert [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)] == want, f"_core.pyi: {name}"
+
+
+# ---- the forward scan (fla's chunk_gated_delta_rule_fwd_h): its own description
+FWD_ARGS = [tuple(a) for a in _core.fwd_h_arguments()]
+
+
+def test_the_forward_description_is_fla_s_signature():
+    import inspect as _inspect
+
+    try:
+        from kda_dhu._forward import fla_fwd_h_function
+
+        fn = fla_fwd_h_function()
+    except ImportError as err:
+        pytest.skip(f"fla is not importable here: {err}")
+    assert _described(_inspect.unwrap(fn)) == FWD_ARGS
+
+
+def test_the_forward_entry_points_say_the_forward_description():
+    import kda_dhu
+
+    assert _described(kda_dhu.chunk_gated_delta_rule_fwd_h) == FWD_ARGS
+    names = [n for n, _ in FWD_ARGS]
+    assert _text_names(_core.fwd_h_run) == names
+    tree = ast.parse((PACKAGE / "_core.pyi").read_text())
+    stub = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}["fwd_h_run"]
+    assert [x.arg for x in (*stub.args.posonlyargs, *stub.args.args, *stub.args.kwonlyargs)] == names
+    # and the probe, a stage-4 call carrying a forward call, says stage 4's
+    assert _text_names(_core._fwd_h_probe) == [*CORE_NAMES, "dh", "dh0", "dv2", "stream"]
