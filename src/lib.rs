@@ -813,6 +813,8 @@ fn py_fwd_h_run<'py>(
         chunk_offsets,
     };
     if !objs.all_plain() {
+        // Another library's arrays go to fla, but bad input is named on every route.
+        guard(|| objs.args().and_then(|a| forward::validate(&a, false)).map(|_| ()))?;
         return Ok(None);
     }
     let sw = guard(decide::Switches::now)?;

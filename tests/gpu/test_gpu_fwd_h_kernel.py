@@ -121,3 +121,66 @@ def test_forward_kernel_is_deterministic(rng):
     again = run_probe(a)
     for x, y in zip(first, again):
         assert torch.equal(x, y)
+
+
+# ---- the public entry point, kda_dhu.chunk_gated_delta_rule_fwd_h (src/forward.rs)
+
+
+def _public(a: dict, **extra):
+    import kda_dhu
+
+    before = _core.launch_count()
+    out = kda_dhu.chunk_gated_delta_rule_fwd_h(**a, **extra)
+    torch.cuda.synchronize()
+    return out, _core.launch_count() - before
+
+
+@pytest.mark.parametrize(
+    "case", ["none", "g", "gk", "gk-k64", "gk-gva-tail", "gk-svf", "gk-varlen-padded", "g-varlen"]
+)
+def test_the_entry_point_runs_the_kernel_and_matches_fla(case, rng):
+    from kda_dhu.testing import chunk_tables
+
+    a = _forward_args(case, rng)
+    if a["cu_seqlens"] is not None:  # fla's backward and forward pass chunk_indices
+        a["chunk_indices"], a["chunk_offsets"] = chunk_tables(a["cu_seqlens"], a["k"].shape[1])
+    out, launches = _public(a, output_final_state=True)
+    assert launches == 1, "the kernel did not run"
+    emu = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=True, emulate_rounding=True)
+    fla = list(_fla_fwd_h()(**a, output_final_state=True))
+    if a["cu_seqlens"] is not None:
+        fla[1] = fla[1].clone()
+        fla[1][:, int(a["cu_seqlens"][-1]) :] = 0
+    for name, o, f, e in zip(("h", "v_new", "final_state"), out, fla, emu):
+        assert o.shape == e.shape and o.dtype == f.dtype, (name, o.shape, o.dtype)
+        assert rel_err(o, e.to(o.dtype)) < 1e-3, (name, rel_err(o, e.to(o.dtype)))
+        assert rel_err(o, f) < 4e-3, (name, rel_err(o, f))
+
+
+def test_the_entry_point_s_optional_outputs(rng):
+    a = _forward_args("gk-no-state", rng)
+    (h, v_new, final), launches = _public(a)
+    assert launches == 1 and final is None and v_new is not None
+    (h2, v_none, final2), launches = _public(a, save_new_value=False, output_final_state=True)
+    assert launches == 1 and v_none is None and final2 is not None
+    assert torch.equal(h, h2)
+
+
+def test_calls_the_kernel_leaves_to_fla_match_fla(rng, monkeypatch):
+    """A packed batch without chunk_indices, a strided input, KDA_DHU_FORCE=fla: fla's
+    function runs (no launch), with fla's results; KDA_DHU_FORCE=kernel on the first raises."""
+    a = _forward_args("gk-varlen-padded", rng)
+    out, launches = _public(a, output_final_state=True)
+    assert launches == 0
+    fla = _fla_fwd_h()(**a, output_final_state=True)
+    for o, f in zip(out, fla):
+        assert torch.equal(o, f)
+    monkeypatch.setenv("KDA_DHU_FORCE", "kernel")
+    with pytest.raises(RuntimeError, match="packed batch without chunk_indices"):
+        _public(a)
+    monkeypatch.setenv("KDA_DHU_FORCE", "fla")
+    b = _forward_args("gk", rng)
+    assert _public(b)[1] == 0
+    monkeypatch.delenv("KDA_DHU_FORCE")
+    b["u"] = b["u"].transpose(1, 2).contiguous().transpose(1, 2)  # strided: copied by fla's route
+    assert _public(b)[1] == 0
