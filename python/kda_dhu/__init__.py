@@ -4,7 +4,6 @@
 Public API:
     chunk_gated_delta_rule_bwd_dhu(...)  fla's full signature; kernel where it covers the call
     kda_dhu_b2a(...)                     positional KDA form (qg, kg, w, g2, ...), narrow rule
-    chunk_gated_delta_rule_fwd_h(...)    fla's forward scan (stage 4's twin), kernel where it covers the call
     chunk_gated_delta_rule_bwd_dhu_op()  the same through a torch custom op (torch.compile)
     plan_call(...), plan_b2a(...)        the planner's verdict (kernel or fallback, and why)
     patch(), unpatch(), patched()        reversible monkeypatch of fla's modules
@@ -42,7 +41,6 @@ _LAZY = {
     "plan_b2a": "_dispatch",
     "plan_call": "_dispatch",
     "check_errors": "_dispatch",
-    "chunk_gated_delta_rule_fwd_h": "_forward",
     "register_backend": "fla_backend",
     "unregister_backend": "fla_backend",
     "chunk_gated_delta_rule_bwd_dhu_op": "ops",
@@ -81,7 +79,6 @@ _autoregister.install()
 
 __all__ = [
     "chunk_gated_delta_rule_bwd_dhu",
-    "chunk_gated_delta_rule_fwd_h",
     "kda_dhu_b2a",
     "chunk_gated_delta_rule_bwd_dhu_op",
     "plan_call",

@@ -5,7 +5,9 @@ FWD instance, cuda/dhu_sm90_regstate.cuh).
 The call is read, validated, planned and launched in one crossing (``_core.fwd_h_run``,
 src/forward.rs); every call it leaves to fla (see there: inputs to copy, a packed batch
 without chunk_indices, the planner's fallback, ...) runs fla's own function with the same
-arguments. Not yet in fla's registry or ``kda_dhu.patch`` (stage 4's are).
+arguments. Not yet in fla's registry or ``kda_dhu.patch`` (stage 4's are), and not yet a
+public name of the package: its GPU tests (tests/gpu/test_gpu_fwd_h_kernel.py) have run on
+the kernel through ``_core._fwd_h_probe``, not yet through this function.
 """
 
 from __future__ import annotations

@@ -123,14 +123,14 @@ def test_forward_kernel_is_deterministic(rng):
         assert torch.equal(x, y)
 
 
-# ---- the public entry point, kda_dhu.chunk_gated_delta_rule_fwd_h (src/forward.rs)
+# ---- the entry point, kda_dhu._forward.chunk_gated_delta_rule_fwd_h (src/forward.rs)
 
 
 def _public(a: dict, **extra):
-    import kda_dhu
+    from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
 
     before = _core.launch_count()
-    out = kda_dhu.chunk_gated_delta_rule_fwd_h(**a, **extra)
+    out = chunk_gated_delta_rule_fwd_h(**a, **extra)
     torch.cuda.synchronize()
     return out, _core.launch_count() - before
 

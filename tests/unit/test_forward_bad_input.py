@@ -1,13 +1,13 @@
-"""The forward scan's entry point (``kda_dhu.chunk_gated_delta_rule_fwd_h``) on bad input,
+"""The forward scan's entry point (``kda_dhu._forward.chunk_gated_delta_rule_fwd_h``) on bad input,
 on the CPU: every error names the forward call's argument and the expectation (src/forward.rs
 renames stage 4's shared checks), before any implementation runs, and the caller's tensors
 are left as they were."""
 
 from __future__ import annotations
 
-import kda_dhu
 import pytest
 import torch
+from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
 
 
 def _good(svf: bool = False) -> dict:
@@ -65,7 +65,7 @@ def test_bad_input_is_named(name, change, exc, message):
     change(a)
     before = {n: t.clone() for n, t in a.items() if isinstance(t, torch.Tensor)}
     with pytest.raises(exc) as info:
-        kda_dhu.chunk_gated_delta_rule_fwd_h(**a)
+        chunk_gated_delta_rule_fwd_h(**a)
     assert str(info.value).startswith(message), str(info.value)
     for n, t in before.items():
         assert torch.equal(a[n], t), f"{n} was modified"
@@ -75,4 +75,4 @@ def test_state_v_first_s_initial_state_is_v_before_k():
     a = _good(svf=True)
     a["initial_state"] = a["initial_state"].transpose(-1, -2).contiguous()
     with pytest.raises(ValueError, match=r"^initial_state: expected shape \[N=2, HV=4, V=64, K=128\]"):
-        kda_dhu.chunk_gated_delta_rule_fwd_h(**a)
+        chunk_gated_delta_rule_fwd_h(**a)
