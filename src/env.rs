@@ -14,6 +14,7 @@
 //! | `KDA_DHU_NO_AUTOREGISTER` | `1` | do not register kda-dhu in fla's backend registry on import |
 //! | `KDA_DHU_IMAGE` | `cuda12`, `cuda13` | the embedded kernel image a device loads (default: the newest its driver loads; same-run A/B measurements); read when a device first loads its kernels |
 //! | `KDA_DHU_IMAGE_FILE` | a path | a cubin loaded instead of the embedded image (development; the tests of an image a GPU cannot run); read when a device first loads its kernels |
+//! | `KDA_DHU_FWD_H` | `on` | fla's forward scan (`chunk_gated_delta_rule_fwd_h`) through kda-dhu's fla backend: its verifier accepts fwd_h calls on a CUDA device, its implementation runs the kernel where it covers the call (`kda_dhu._forward`); unset, fla runs its own (the default until the forward scan's records are in) |
 //! | `FLA_KDA_DHU` | `0` | fla's own switch of this backend (read by fla) |
 
 use crate::error::{Error, Result};
@@ -52,10 +53,11 @@ pub const NO_EXCHANGE_API: &str = "KDA_DHU_NO_EXCHANGE_API";
 pub const NO_AUTOREGISTER: &str = "KDA_DHU_NO_AUTOREGISTER";
 pub const IMAGE: &str = "KDA_DHU_IMAGE";
 pub const IMAGE_FILE: &str = "KDA_DHU_IMAGE_FILE";
+pub const FWD_H: &str = "KDA_DHU_FWD_H";
 
 /// The switches read at each call: they change what a call runs. The others are read once
 /// (on import, when a device first loads its kernels) or choose how tensors are read.
-pub const PER_CALL: &[&str] = &[FORCE, CHECK_INPUTS, SM90_NWG, SM90_SPLIT, SM100];
+pub const PER_CALL: &[&str] = &[FORCE, CHECK_INPUTS, SM90_NWG, SM90_SPLIT, SM100, FWD_H];
 
 /// Every switch, with its meaning (the table above), for `_core.switches()` and --doctor.
 pub const SWITCHES: &[(&str, &str)] = &[
@@ -68,6 +70,7 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
     (IMAGE, "cuda12|cuda13: the embedded kernel image (default: the newest the driver loads)"),
     (IMAGE_FILE, "path: a cubin loaded instead of the embedded image (development, tests)"),
+    (FWD_H, "on: fla's forward scan (fwd_h) through kda-dhu's fla backend (default: fla's own)"),
 ];
 
 /// The value of `name`, trimmed and lower-cased; None when unset (absent, "", "0", "auto").

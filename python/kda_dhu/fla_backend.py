@@ -10,7 +10,8 @@ a rejection.  On (False, reason) fla logs the reason once and tries the next bac
 own Triton kernel.  Note the 'common' registry is shared by every common op
 (chunk_fwd_o, chunk_bwd_dqkwg, ...): a backend without ``<op>_verifier`` is "accepted"
 for those, then skipped because it has no ``<op>`` attribute; this backend defines
-only stage 4's pair.
+stage 4's pair and the forward scan's (``chunk_gated_delta_rule_fwd_h``), whose verifier
+accepts only under ``KDA_DHU_FWD_H=on`` (off by default until its records are in).
 
 The verifier binds the caller's arguments (Python's own binding where fla's parameters
 are 0.6's, checked once at registration; fla's signature through ``inspect`` otherwise)
@@ -122,6 +123,28 @@ def _same(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
+def _forward_module():
+    """kda_dhu._forward (imports torch: loaded on first use)."""
+    return sys.modules.get("kda_dhu._forward") or importlib.import_module("kda_dhu._forward")
+
+
+FWD_H_SWITCH = "KDA_DHU_FWD_H"
+
+
+def _fwd_h_verdict(args: tuple, kwargs: dict) -> tuple[bool, str | None]:
+    """The forward scan's verdict: accepted under KDA_DHU_FWD_H=on for k on a CUDA device
+    (the implementation decides kernel or fla's function per call, as the direct entry
+    point does); else rejected with the reason, and fla runs its own."""
+    from . import _core
+
+    if _core.switch(FWD_H_SWITCH) != "on":
+        return False, f"{FWD_H_SWITCH} is not on (fla's own forward scan)"
+    k = args[0] if args else kwargs.get("k")
+    if not getattr(k, "is_cuda", False):
+        return False, "k is not a CUDA tensor"
+    return True, None
+
+
 def _make_backend_class(base: type) -> type:
     class KdaDhuBackend(base):
         """fla backend running stage 4 on kda_dhu's kernel where its planner accepts."""
@@ -144,6 +167,16 @@ def _make_backend_class(base: type) -> type:
                 return bool(accepted), reason
             except Exception as error:  # fla also catches, but never raise out of a verifier
                 return False, f"kda_dhu verifier error: {type(error).__name__}: {error}"
+
+        def chunk_gated_delta_rule_fwd_h_verifier(self, *args, **kwargs) -> tuple[bool, str | None]:
+            try:
+                return _fwd_h_verdict(args, kwargs)
+            except Exception as error:  # never raise out of a verifier
+                return False, f"kda_dhu verifier error: {type(error).__name__}: {error}"
+
+        def chunk_gated_delta_rule_fwd_h(self, *args, **kwargs):
+            # the kernel where it covers the call, else fla's undecorated function
+            return _forward_module().chunk_gated_delta_rule_fwd_h(*args, **kwargs)
 
         def chunk_gated_delta_rule_bwd_dhu(self, *args, **kwargs):
             values, reason = _bind(args, kwargs)

@@ -184,3 +184,27 @@ def test_calls_the_kernel_leaves_to_fla_match_fla(rng, monkeypatch):
     monkeypatch.delenv("KDA_DHU_FORCE")
     b["u"] = b["u"].transpose(1, 2).contiguous().transpose(1, 2)  # strided: copied by fla's route
     assert _public(b)[1] == 0
+
+
+def test_fla_s_registry_runs_the_kernel_under_the_switch(rng, monkeypatch):
+    """fla's own (decorated) chunk_gated_delta_rule_fwd_h: with KDA_DHU_FWD_H=on its
+    dispatch takes kda-dhu's backend (one launch, the entry point's results); unset, fla's
+    own kernel runs (no launch)."""
+    import fla.ops.common.chunk_delta_h as mod
+    from kda_dhu import fla_backend
+
+    if not fla_backend.register_backend():
+        pytest.skip("fla without a backend registry")
+    a = _forward_args("gk", rng)
+    monkeypatch.setenv("KDA_DHU_FWD_H", "on")
+    before = _core.launch_count()
+    got = mod.chunk_gated_delta_rule_fwd_h(**a, output_final_state=True)
+    torch.cuda.synchronize()
+    assert _core.launch_count() - before == 1
+    want, _ = _public(a, output_final_state=True)
+    for x, y in zip(got, want):
+        assert torch.equal(x, y)
+    monkeypatch.delenv("KDA_DHU_FWD_H")
+    before = _core.launch_count()
+    mod.chunk_gated_delta_rule_fwd_h(**a, output_final_state=True)
+    assert _core.launch_count() == before

@@ -192,3 +192,18 @@ def test_register_returns_false_without_fla_backends(monkeypatch):
     B.unregister_backend()
     monkeypatch.setitem(sys.modules, "fla.backends", None)  # import fla.backends -> ImportError
     assert B.register_backend() is False
+
+
+def test_the_forward_scan_is_fla_s_own_unless_switched_on(registered, monkeypatch, rng):
+    """KDA_DHU_FWD_H: unset, the verifier rejects fwd_h calls (fla runs its own); on, it
+    accepts CUDA inputs only (CPU inputs here: rejected with the reason)."""
+    inp = make_inputs(1, 64, 1, 1, 64, 64, generator=rng)
+    a = dict(k=inp["k"], w=inp["w"], u=inp["dv"], gk=inp["gk"])
+    monkeypatch.delenv("KDA_DHU_FWD_H", raising=False)
+    ok, reason = registered.chunk_gated_delta_rule_fwd_h_verifier(**a)
+    assert (ok, reason) == (False, "KDA_DHU_FWD_H is not on (fla's own forward scan)")
+    monkeypatch.setenv("KDA_DHU_FWD_H", "on")
+    ok, reason = registered.chunk_gated_delta_rule_fwd_h_verifier(**a)
+    assert (ok, reason) == (False, "k is not a CUDA tensor")
+    ok, reason = registered.chunk_gated_delta_rule_fwd_h_verifier(a["k"], a["w"], a["u"])
+    assert (ok, reason) == (False, "k is not a CUDA tensor")
