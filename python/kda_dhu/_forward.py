@@ -5,7 +5,8 @@ FWD instance, cuda/dhu_sm90_regstate.cuh).
 The call is read, validated, planned and launched in one crossing (``_core.fwd_h_run``,
 src/forward.rs); every call it leaves to fla (see there: inputs to copy, a packed batch
 without chunk_indices, the planner's fallback, ...) runs fla's own function with the same
-arguments. Not yet in fla's registry or ``kda_dhu.patch`` (stage 4's are), and not yet a
+arguments; inputs in host memory run ``_cpu`` (the float64 reference with fla's casts).
+Not yet in ``kda_dhu.patch`` (stage 4's is; fla's registry takes it under KDA_DHU_FWD_H=on), and not yet a
 public name of the package: its GPU tests (tests/gpu/test_gpu_fwd_h_kernel.py) have run on
 the kernel through ``_core._fwd_h_probe``, not yet through this function.
 """
@@ -106,6 +107,11 @@ def chunk_gated_delta_rule_fwd_h(
         )  # fmt: skip
     if out is not None:
         return out
+    if isinstance(k, torch.Tensor) and k.device.type == "cpu":  # validated (names) by fwd_h_run
+        return _cpu(
+            k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, state_v_first,
+            cu_seqlens, chunk_indices, chunk_offsets,
+        )  # fmt: skip
     return fla_fwd_h_function()(
         k=k, w=w, u=u, g=g, gk=gk, initial_state=initial_state, output_final_state=output_final_state,
         chunk_size=chunk_size, save_new_value=save_new_value, state_v_first=state_v_first,
@@ -115,3 +121,23 @@ def chunk_gated_delta_rule_fwd_h(
 
 
 chunk_gated_delta_rule_fwd_h._kda_dhu_entry = True
+
+
+def _cpu(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, state_v_first, cu_seqlens,
+         chunk_indices, chunk_offsets):  # fmt: skip
+    """The forward scan on the CPU (inputs in host memory, as stage 4's CPU path takes them):
+    the float64 recurrence with fla's two operand casts (``reference.chunk_gated_delta_rule_fwd_h_ref``,
+    ``emulate_rounding=True``), its outputs in fla's dtypes (h in k's, v_new in u's,
+    final_state float32). Slow; for tests and CPU-only runs."""
+    from .reference import chunk_gated_delta_rule_fwd_h_ref
+
+    h, v_new, final = chunk_gated_delta_rule_fwd_h_ref(
+        k, w, u, g=g, gk=gk, initial_state=initial_state, output_final_state=output_final_state,
+        chunk_size=chunk_size, save_new_value=save_new_value, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+        chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, emulate_rounding=True,
+    )  # fmt: skip
+    return (
+        h.to(k.dtype),
+        None if v_new is None else v_new.to(u.dtype),
+        None if final is None else final.to(torch.float32),
+    )

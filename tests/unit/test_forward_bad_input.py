@@ -76,3 +76,24 @@ def test_state_v_first_s_initial_state_is_v_before_k():
     a["initial_state"] = a["initial_state"].transpose(-1, -2).contiguous()
     with pytest.raises(ValueError, match=r"^initial_state: expected shape \[N=2, HV=4, V=64, K=128\]"):
         chunk_gated_delta_rule_fwd_h(**a)
+
+
+@pytest.mark.parametrize(
+    "save, final, svf", [(True, True, False), (False, False, True), (True, False, False)]
+)
+def test_host_inputs_run_the_cpu_path_in_fla_s_dtypes(save, final, svf):
+    """Inputs in host memory: the float64 recurrence with fla's casts, outputs in fla's
+    dtypes and None where fla returns None; against the reference itself rounded."""
+    from kda_dhu.reference import chunk_gated_delta_rule_fwd_h_ref, rel_err
+
+    a = _good(svf=svf)
+    a.update(output_final_state=final, save_new_value=save)
+    h, v_new, fs = chunk_gated_delta_rule_fwd_h(**a)
+    ref = chunk_gated_delta_rule_fwd_h_ref(**a, emulate_rounding=True)
+    assert h.dtype == torch.bfloat16 and h.shape == ref[0].shape
+    assert rel_err(h, ref[0]) < 4e-3
+    assert (v_new is None) == (not save) and (fs is None) == (not final)
+    if save:
+        assert v_new.dtype == torch.bfloat16 and rel_err(v_new, ref[1]) < 4e-3
+    if final:
+        assert fs.dtype == torch.float32 and rel_err(fs, ref[2]) < 1e-6
