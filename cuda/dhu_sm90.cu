@@ -22,8 +22,8 @@
 // kernels (src/split.rs; SPLIT_ENTRIES there): its first pass (`_sum`: the kernel with V
 // widened by K identity columns, one warpgroup, [K, V] and [V, K] states, without and with
 // g), and the merge of its boundary states (K 64 / 128). Then the forward scan's (`_fwd`,
-// fla's chunk_gated_delta_rule_fwd_h: the kernel's FWD instance, one warpgroup; K 64 / 128 x
-// bf16 / fp16, [K, V] and [V, K] states, without and with g); no host path launches them yet.
+// fla's chunk_gated_delta_rule_fwd_h: the kernel's FWD instance; K 64 / 128 x bf16 / fp16,
+// one or two warpgroups, [K, V] and [V, K] states, without and with g).
 #define KDA_DHU_SM90_RS_ENTRY(NAME, K, T, NWG, SVF, G)                                       \
   extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::num_threads<NWG>(), 1) \
       NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                   \
@@ -34,10 +34,10 @@
       NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                 \
     kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, 1, SVF, G, true>(p);                  \
   }
-#define KDA_DHU_SM90_FWD_ENTRY(NAME, K, T, SVF, G)                                          \
-  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::num_threads<1>(), 1) \
-      NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                 \
-    kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, 1, SVF, G, false, true>(p);           \
+#define KDA_DHU_SM90_FWD_ENTRY(NAME, K, T, NWG, SVF, G)                                       \
+  extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::num_threads<NWG>(), 1) \
+      NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                   \
+    kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, NWG, SVF, G, false, true>(p);           \
   }
 #define KDA_DHU_SEG_MERGE_ENTRY(NAME, K)                                                              \
   extern "C" __global__ void __launch_bounds__(2 * K, 1)                                               \
@@ -95,19 +95,35 @@ KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_bf16_sum_svf_g, 128, cutlass::bfloat
 KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_fp16_sum_svf_g, 128, cutlass::half_t, true, true)
 KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k64, 64)
 KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k128, 128)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16, 64, cutlass::bfloat16_t, false, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16, 64, cutlass::half_t, false, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16, 128, cutlass::bfloat16_t, false, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16, 128, cutlass::half_t, false, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_svf, 64, cutlass::bfloat16_t, true, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_svf, 64, cutlass::half_t, true, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_svf, 128, cutlass::bfloat16_t, true, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_svf, 128, cutlass::half_t, true, false)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_g, 64, cutlass::bfloat16_t, false, true)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_g, 64, cutlass::half_t, false, true)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_g, 128, cutlass::bfloat16_t, false, true)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_g, 128, cutlass::half_t, false, true)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_svf_g, 64, cutlass::bfloat16_t, true, true)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_svf_g, 64, cutlass::half_t, true, true)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_svf_g, 128, cutlass::bfloat16_t, true, true)
-KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_svf_g, 128, cutlass::half_t, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16, 64, cutlass::bfloat16_t, 1, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16, 64, cutlass::half_t, 1, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16, 128, cutlass::bfloat16_t, 1, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16, 128, cutlass::half_t, 1, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_wg2, 64, cutlass::bfloat16_t, 2, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_wg2, 64, cutlass::half_t, 2, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_wg2, 128, cutlass::bfloat16_t, 2, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_wg2, 128, cutlass::half_t, 2, false, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_svf, 64, cutlass::bfloat16_t, 1, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_svf, 64, cutlass::half_t, 1, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_svf, 128, cutlass::bfloat16_t, 1, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_svf, 128, cutlass::half_t, 1, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_wg2_svf, 64, cutlass::bfloat16_t, 2, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_wg2_svf, 64, cutlass::half_t, 2, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_wg2_svf, 128, cutlass::bfloat16_t, 2, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_wg2_svf, 128, cutlass::half_t, 2, true, false)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_g, 64, cutlass::bfloat16_t, 1, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_g, 64, cutlass::half_t, 1, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_g, 128, cutlass::bfloat16_t, 1, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_g, 128, cutlass::half_t, 1, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_wg2_g, 64, cutlass::bfloat16_t, 2, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_wg2_g, 64, cutlass::half_t, 2, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_wg2_g, 128, cutlass::bfloat16_t, 2, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_wg2_g, 128, cutlass::half_t, 2, false, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_svf_g, 64, cutlass::bfloat16_t, 1, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_svf_g, 64, cutlass::half_t, 1, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_svf_g, 128, cutlass::bfloat16_t, 1, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_svf_g, 128, cutlass::half_t, 1, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16_wg2_svf_g, 64, cutlass::bfloat16_t, 2, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16_wg2_svf_g, 64, cutlass::half_t, 2, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16_wg2_svf_g, 128, cutlass::bfloat16_t, 2, true, true)
+KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_fp16_wg2_svf_g, 128, cutlass::half_t, 2, true, true)

@@ -271,8 +271,8 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 // (identity tiles, whose do, dv and q read as zeros: P_s, the product of the segment's
 // A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
 //
-// FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"; NWG = 1,
-// no split): the same chain with the chunks oldest first and the products' roles swapped.
+// FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"; no
+// split): the same chain with the chunks oldest first and the products' roles swapped.
 // The params carry the forward call: tma_w / tma_k its w and k, tma_dv its u, tma_dv2 its
 // v_new, tma_dh its h, dht its initial_state (FLAG_DHT), dh0 its final_state (FLAG_DH0);
 // q, do and scale unused. Per chunk, the state b^T = h^T:
@@ -288,7 +288,7 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false, bool FWD = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
-  static_assert(!FWD || (NWG == 1 && !SUMMARY), "the forward scan: one warpgroup, no split");
+  static_assert(!FWD || !SUMMARY, "the forward scan is never split");
   using Map = SmemMap<K, NWG>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
@@ -365,7 +365,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // An identity tile loads k and w only.
     const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
     // FWD: w and k, and u in dv's slot.
-    const uint32_t tx_bytes = FWD       ? uint32_t(2 * Map::KTILE + Map::VTILE)
+    const uint32_t tx_bytes = FWD       ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
                               : ident_p ? uint32_t(2 * Map::KTILE)
                                         : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
@@ -432,7 +432,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
               SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, h, t0,
                                      b_row);
             }
-            SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF, blockIdx.x * BV, hv, t0, b_row);
+            for (int wg = 0; wg < NWG; ++wg)
+              SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
+                                     (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
           }
           for (int kb = 0; kb < KB && !FWD; ++kb) {
             SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
@@ -740,12 +742,19 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // FWD, a packed batch's short last chunk: k's rows past the sequence's end (the next
     // sequence's) zeroed before WD reads them (0 * NaN would not vanish); w's and u's only
     // reach v_new's columns past the end, which are masked.
+    // Two warpgroups share the tile: the first zeroes it, both wait.
     if (FWD && part) {
-      for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
-        if ((j >> 3) % BT >= rows0) st_shared_v4(st_u32 + Map::W_OFF + (j >> 3) * 128 + (j & 7) * 16, make_uint4(0, 0, 0, 0));
+      if (NWG == 1 || wg == 0) {
+        for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
+          if ((j >> 3) % BT >= rows0)
+            st_shared_v4(st_u32 + Map::W_OFF + (j >> 3) * 128 + (j & 7) * 16, make_uint4(0, 0, 0, 0));
+        }
       }
       fence_proxy_async();
-      wg_sync();
+      if (NWG > 1)
+        named_sync(CONSUMERS, ALL_CONSUMERS);
+      else
+        wg_sync();
     }
 
     // dh[chunk] = bf16(b), as DV's A fragment.

@@ -243,32 +243,51 @@ const SM90_ENTRIES: [&str; 32] = [
     "kda_dhu_sm90_rs_k128_fp16_wg2_svf_g",
 ];
 /// The sm_90a image's forward-scan entry points (fla's `chunk_gated_delta_rule_fwd_h`; the
-/// register-state kernel's FWD instance, one warpgroup), in `fwd_slot` order: k64/k128 x
-/// bf16/fp16, then with state_v_first, then those eight with the scalar gate g. Launched
-/// only by `launch::launch_forward_probe` so far (tests: a stage-4 call's params carry a
-/// forward call, SPEC.md "The twin").
-pub const FWD_ENTRIES: [&str; 16] = [
+/// register-state kernel's FWD instance), in `fwd_slot` order: k64/k128 x bf16/fp16, then
+/// with two warpgroups, then those eight with state_v_first, then those sixteen with the
+/// scalar gate g. Planned for calls whose `CallDesc::forward` is set (`KernelConfig::forward`).
+pub const FWD_ENTRIES: [&str; 32] = [
     "kda_dhu_sm90_fwd_k64_bf16",
     "kda_dhu_sm90_fwd_k64_fp16",
     "kda_dhu_sm90_fwd_k128_bf16",
     "kda_dhu_sm90_fwd_k128_fp16",
+    "kda_dhu_sm90_fwd_k64_bf16_wg2",
+    "kda_dhu_sm90_fwd_k64_fp16_wg2",
+    "kda_dhu_sm90_fwd_k128_bf16_wg2",
+    "kda_dhu_sm90_fwd_k128_fp16_wg2",
     "kda_dhu_sm90_fwd_k64_bf16_svf",
     "kda_dhu_sm90_fwd_k64_fp16_svf",
     "kda_dhu_sm90_fwd_k128_bf16_svf",
     "kda_dhu_sm90_fwd_k128_fp16_svf",
+    "kda_dhu_sm90_fwd_k64_bf16_wg2_svf",
+    "kda_dhu_sm90_fwd_k64_fp16_wg2_svf",
+    "kda_dhu_sm90_fwd_k128_bf16_wg2_svf",
+    "kda_dhu_sm90_fwd_k128_fp16_wg2_svf",
     "kda_dhu_sm90_fwd_k64_bf16_g",
     "kda_dhu_sm90_fwd_k64_fp16_g",
     "kda_dhu_sm90_fwd_k128_bf16_g",
     "kda_dhu_sm90_fwd_k128_fp16_g",
+    "kda_dhu_sm90_fwd_k64_bf16_wg2_g",
+    "kda_dhu_sm90_fwd_k64_fp16_wg2_g",
+    "kda_dhu_sm90_fwd_k128_bf16_wg2_g",
+    "kda_dhu_sm90_fwd_k128_fp16_wg2_g",
     "kda_dhu_sm90_fwd_k64_bf16_svf_g",
     "kda_dhu_sm90_fwd_k64_fp16_svf_g",
     "kda_dhu_sm90_fwd_k128_bf16_svf_g",
     "kda_dhu_sm90_fwd_k128_fp16_svf_g",
+    "kda_dhu_sm90_fwd_k64_bf16_wg2_svf_g",
+    "kda_dhu_sm90_fwd_k64_fp16_wg2_svf_g",
+    "kda_dhu_sm90_fwd_k128_bf16_wg2_svf_g",
+    "kda_dhu_sm90_fwd_k128_fp16_wg2_svf_g",
 ];
 
 /// Slot in FWD_ENTRIES of the forward scan with these properties.
-pub fn fwd_slot(k: u32, dtype: DType, svf: bool, g: bool) -> usize {
-    (if k == 64 { 0 } else { 2 }) + usize::from(dtype != DType::BF16) + if svf { 4 } else { 0 } + if g { 8 } else { 0 }
+pub fn fwd_slot(k: u32, dtype: DType, nwg: u32, svf: bool, g: bool) -> usize {
+    (if k == 64 { 0 } else { 2 })
+        + usize::from(dtype != DType::BF16)
+        + if nwg == 2 { 4 } else { 0 }
+        + if svf { 8 } else { 0 }
+        + if g { 16 } else { 0 }
 }
 
 /// The sm_100a image's (one kernel shape, [K, V] states).
@@ -312,14 +331,14 @@ impl KernelConfig {
         }
         if arch == Arch::Sm90 {
             for &flags in gates {
-                for svf in [false, true] {
+                for &(svf, nwg) in shapes {
                     for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
                         configs.push(KernelConfig {
                             k,
                             dtype,
                             flags,
                             grid: [1, 1, 1],
-                            nwg: 1,
+                            nwg,
                             svf,
                             split: None,
                             forward: true,
@@ -341,7 +360,7 @@ impl KernelConfig {
     /// sixteen with g).
     pub fn slot(&self) -> usize {
         if self.forward {
-            return SM90_ENTRIES.len() + fwd_slot(self.k, self.dtype, self.svf, self.has_g());
+            return SM90_ENTRIES.len() + fwd_slot(self.k, self.dtype, self.nwg, self.svf, self.has_g());
         }
         (if self.k == 64 { 0 } else { 2 })
             + usize::from(self.dtype != DType::BF16)
@@ -519,11 +538,15 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_OFFSETS_I32;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
-    // The forward scan: one warpgroup per CTA, never split (its FWD instances).
+    // The forward scan is never split (its FWD instances).
     let split = if desc.forward { None } else { split::split(desc, dev, arch, crate::env::sm90_split()) };
     // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
     let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
-    let nwg = if desc.forward { 1 } else { warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override()) };
+    let nwg = if desc.forward {
+        forward_warpgroups(desc, arch, sm90_nwg_override())
+    } else {
+        warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override())
+    };
     Plan::Kernel {
         arch,
         config: KernelConfig {
@@ -558,6 +581,17 @@ fn warpgroups_for(rows: i64, desc: &CallDesc, dev: &DeviceInfo, arch: Arch, over
         return n;
     }
     if rows * (d.v / (2 * BV)) >= i64::from(dev.sm_count) {
+        2
+    } else {
+        1
+    }
+}
+
+/// The forward scan's warpgroups per CTA: one (measured: benches/NOTES.md, "The forward
+/// scan's kernel"); two under `KDA_DHU_SM90_NWG=2` where V allows (measurements, until the
+/// two-warpgroup instance's A/B is in).
+fn forward_warpgroups(desc: &CallDesc, arch: Arch, override_nwg: Option<u32>) -> u32 {
+    if arch == Arch::Sm90 && desc.dims.v % (2 * BV) == 0 && override_nwg == Some(2) {
         2
     } else {
         1
@@ -1141,6 +1175,12 @@ pub(crate) mod tests {
             assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, 1, None, true));
             assert_eq!(config.grid, [2, hv as u32, b as u32]);
             assert_eq!(config.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16");
+            // two warpgroups only when asked for (KDA_DHU_SM90_NWG=2) and V allows
+            assert_eq!(forward_warpgroups(&d, Arch::Sm90, Some(2)), 2);
+            assert_eq!(forward_warpgroups(&d, Arch::Sm90, None), 1);
+            let wg2 = KernelConfig { nwg: 2, grid: [1, hv as u32, b as u32], ..config };
+            assert_eq!(wg2.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16_wg2");
+            assert_eq!(KernelConfig::all(Arch::Sm90)[wg2.slot()].entry_point(arch), wg2.entry_point(arch));
             d.has_gk = false;
             d.has_g = true;
             let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
@@ -1155,13 +1195,16 @@ pub(crate) mod tests {
         for k in [64u32, 128] {
             for dt in [DType::BF16, DType::F16] {
                 for (svf, g) in [(false, false), (true, false), (false, true), (true, true)] {
-                    let want = format!(
-                        "kda_dhu_sm90_fwd_k{k}_{}{}{}",
-                        if dt == DType::BF16 { "bf16" } else { "fp16" },
-                        if svf { "_svf" } else { "" },
-                        if g { "_g" } else { "" }
-                    );
-                    assert_eq!(FWD_ENTRIES[fwd_slot(k, dt, svf, g)], want);
+                    for nwg in [1u32, 2] {
+                        let want = format!(
+                            "kda_dhu_sm90_fwd_k{k}_{}{}{}{}",
+                            if dt == DType::BF16 { "bf16" } else { "fp16" },
+                            if nwg == 2 { "_wg2" } else { "" },
+                            if svf { "_svf" } else { "" },
+                            if g { "_g" } else { "" }
+                        );
+                        assert_eq!(FWD_ENTRIES[fwd_slot(k, dt, nwg, svf, g)], want);
+                    }
                 }
             }
         }

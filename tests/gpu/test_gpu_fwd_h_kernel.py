@@ -208,3 +208,22 @@ def test_fla_s_registry_runs_the_kernel_under_the_switch(rng, monkeypatch):
     before = _core.launch_count()
     mod.chunk_gated_delta_rule_fwd_h(**a, output_final_state=True)
     assert _core.launch_count() == before
+
+
+@pytest.mark.parametrize("case", ["gk", "g", "none", "gk-varlen-padded", "gk-svf", "gk-no-state"])
+def test_the_two_warpgroup_forward_kernel_matches_one_warpgroup(case, rng, monkeypatch):
+    """KDA_DHU_SM90_NWG=2: the FWD instance with two warpgroups per CTA (the two V tiles of a
+    head sharing the stage's w and k) gives the one-warpgroup kernel's outputs bit for bit
+    (each tile's chain is the same arithmetic) and launches the _wg2 entry point."""
+    a = _forward_args(case, rng)
+    final = a["initial_state"] is not None
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", "1")
+    one = run_probe(a, output_final_state=final)
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", "2")
+    two = run_probe(a, output_final_state=final)
+    for name, x, y in zip(("h", "v_new", "final_state"), one, two):
+        if x is None:
+            assert y is None
+            continue
+        assert bool(torch.isfinite(y).all()), f"{name}: left unwritten"
+        assert torch.equal(x, y), name

@@ -45,9 +45,10 @@ SPLIT_ENTRY_POINTS = [
 # The forward scan's (src/plan.rs FWD_ENTRIES: fla's chunk_gated_delta_rule_fwd_h on the
 # kernel's FWD instance, one warpgroup).
 FWD_ENTRY_POINTS = [
-    f"kda_dhu_sm90_fwd_k{k}_{dt}{svf}{g}"
+    f"kda_dhu_sm90_fwd_k{k}_{dt}{wg}{svf}{g}"
     for g in ("", "_g")
     for svf in ("", "_svf")
+    for wg in ("", "_wg2")
     for k in (64, 128)
     for dt in ("bf16", "fp16")
 ]
@@ -56,7 +57,7 @@ FWD_ENTRY_POINTS = [
 def test_thirty_two_register_state_entry_points():
     assert len(set(RS_ENTRY_POINTS)) == 32
     assert len(set(SPLIT_ENTRY_POINTS)) == 18
-    assert len(set(FWD_ENTRY_POINTS)) == 16
+    assert len(set(FWD_ENTRY_POINTS)) == 32
 
 
 def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
