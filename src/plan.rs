@@ -307,42 +307,20 @@ impl KernelConfig {
         }
     }
 
-    /// Every kernel `arch`'s image holds, in slot order (the table launch.rs loads).
+    /// Every kernel `arch`'s image holds, in slot order (the table launch.rs loads): stage
+    /// 4's, then (sm_90a) the forward scan's.
     pub fn all(arch: Arch) -> Vec<KernelConfig> {
-        let shapes: &[(bool, u32)] =
-            if arch == Arch::Sm90 { &[(false, 1), (false, 2), (true, 1), (true, 2)] } else { &[(false, 1)] };
-        let gates: &[u32] = if arch == Arch::Sm90 { &[0, FLAG_G] } else { &[0] };
+        let sm90 = arch == Arch::Sm90;
+        let shapes: &[(bool, u32)] = if sm90 { &[(false, 1), (false, 2), (true, 1), (true, 2)] } else { &[(false, 1)] };
+        let gates: &[u32] = if sm90 { &[0, FLAG_G] } else { &[0] };
+        let scans: &[bool] = if sm90 { &[false, true] } else { &[false] };
         let mut configs = Vec::new();
-        for &flags in gates {
-            for &(svf, nwg) in shapes {
-                for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                    configs.push(KernelConfig {
-                        k,
-                        dtype,
-                        flags,
-                        grid: [1, 1, 1],
-                        nwg,
-                        svf,
-                        split: None,
-                        forward: false,
-                    });
-                }
-            }
-        }
-        if arch == Arch::Sm90 {
+        for &forward in scans {
             for &flags in gates {
                 for &(svf, nwg) in shapes {
                     for (k, dtype) in [(64, DType::BF16), (64, DType::F16), (128, DType::BF16), (128, DType::F16)] {
-                        configs.push(KernelConfig {
-                            k,
-                            dtype,
-                            flags,
-                            grid: [1, 1, 1],
-                            nwg,
-                            svf,
-                            split: None,
-                            forward: true,
-                        });
+                        let grid = [1, 1, 1];
+                        configs.push(KernelConfig { k, dtype, flags, grid, nwg, svf, split: None, forward });
                     }
                 }
             }

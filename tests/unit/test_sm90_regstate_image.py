@@ -44,14 +44,7 @@ SPLIT_ENTRY_POINTS = [
 
 # The forward scan's (src/plan.rs FWD_ENTRIES: fla's chunk_gated_delta_rule_fwd_h on the
 # kernel's FWD instance, one warpgroup).
-FWD_ENTRY_POINTS = [
-    f"kda_dhu_sm90_fwd_k{k}_{dt}{wg}{svf}{g}"
-    for g in ("", "_g")
-    for svf in ("", "_svf")
-    for wg in ("", "_wg2")
-    for k in (64, 128)
-    for dt in ("bf16", "fp16")
-]
+FWD_ENTRY_POINTS = [name.replace("_rs_", "_fwd_") for name in RS_ENTRY_POINTS]
 
 
 def test_thirty_two_register_state_entry_points():
