@@ -112,6 +112,9 @@ def chunk_gated_delta_rule_fwd_h(
             k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, state_v_first,
             cu_seqlens, chunk_indices, chunk_offsets,
         )  # fmt: skip
+    # fla's kernel reads every tensor as if contiguous: strided inputs are packed first (the
+    # caller's tensors are left as they are).
+    k, w, u, g, gk, initial_state = map(_packed, (k, w, u, g, gk, initial_state))
     return fla_fwd_h_function()(
         k=k, w=w, u=u, g=g, gk=gk, initial_state=initial_state, output_final_state=output_final_state,
         chunk_size=chunk_size, save_new_value=save_new_value, state_v_first=state_v_first,
@@ -121,6 +124,11 @@ def chunk_gated_delta_rule_fwd_h(
 
 
 chunk_gated_delta_rule_fwd_h._kda_dhu_entry = True
+
+
+def _packed(x):
+    """A contiguous copy of a strided torch tensor; anything else as it is."""
+    return x.contiguous() if isinstance(x, torch.Tensor) and not x.is_contiguous() else x
 
 
 def _cpu(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value, state_v_first, cu_seqlens,
