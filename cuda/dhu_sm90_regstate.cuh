@@ -810,8 +810,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     else
       warpgroup_wait<1>();
     fence_regs(dv);
-    if constexpr (FWD) {
-      // v_new = u + (-W) in fp32, rounded (stored); v_upd = gate . v_new, rounded (WD's A).
+    // Stage 4: dv2 = gate . DV + dv. FWD: v_new = u + (-W) in fp32, rounded (stored), and
+    // v_upd = gate . v_new, rounded (WD's A).
+    {
       const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
       CUTE_UNROLL
       for (int kt = 0; kt < BT / 16; ++kt) {
@@ -819,25 +820,16 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         for (int m = 0; m < 4; ++m) {
           const float2 d = widen2<T>(dvr[4 * kt + m]);
           const int e = 8 * kt + 2 * m;
-          const float x0 = d.x + dv[e], x1 = d.y + dv[e + 1];
-          if constexpr (G) {
-            const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
-            vst[4 * kt + m] = pack2<T>(x0, x1);
-            adv2[4 * kt + m] = pack2<T>(x0 * gt.x, x1 * gt.y);
-          } else {
-            adv2[4 * kt + m] = pack2<T>(x0, x1);
-          }
-        }
-      }
-    } else {
-      const uint32_t sg = gate_at(s) + (G_GATE + fg.col0) * 4;
-      CUTE_UNROLL
-      for (int kt = 0; kt < BT / 16; ++kt) {
-        CUTE_UNROLL
-        for (int m = 0; m < 4; ++m) {
-          const float2 d = widen2<T>(dvr[4 * kt + m]);
-          const int e = 8 * kt + 2 * m;
-          if (use_g) {
+          if constexpr (FWD) {
+            const float x0 = d.x + dv[e], x1 = d.y + dv[e + 1];
+            if constexpr (G) {
+              const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
+              vst[4 * kt + m] = pack2<T>(x0, x1);
+              adv2[4 * kt + m] = pack2<T>(x0 * gt.x, x1 * gt.y);
+            } else {
+              adv2[4 * kt + m] = pack2<T>(x0, x1);
+            }
+          } else if (use_g) {
             const float2 gt = ld_shared_f32x2(sg + (16 * kt + 8 * (m >> 1)) * 4);
             adv2[4 * kt + m] = pack2<T>(fmaf(dv[e], gt.x, d.x), fmaf(dv[e + 1], gt.y, d.y));
           } else {
