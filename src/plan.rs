@@ -586,9 +586,15 @@ pub(crate) mod tests {
     use super::*;
     use crate::validate::{Dims, TensorLayout};
 
-    /// `base()`, for the other modules' tests.
-    pub(crate) fn base_desc() -> CallDesc {
-        base()
+    /// For the other modules' tests: `base()` with B sequences of T tokens and HV = H heads.
+    pub(crate) fn long_desc(b: i64, hv: i64, t: i64) -> CallDesc {
+        let mut d = base();
+        d.dims.b = b;
+        d.dims.n = b;
+        d.dims.h = hv;
+        d.dims.hv = hv;
+        d.dims.t = t;
+        d
     }
 
     const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
@@ -1142,12 +1148,7 @@ pub(crate) mod tests {
     fn the_forward_scan_plans_one_warpgroup_unsplit_on_sm90_only() {
         // B8 H32 K = V = 128 would take two warpgroups for stage 4; B1 H16 T 65536 a split.
         for (b, hv, t) in [(8, 32, 4096), (1, 16, 65536)] {
-            let mut d = base();
-            d.dims.b = b;
-            d.dims.n = b;
-            d.dims.h = hv;
-            d.dims.hv = hv;
-            d.dims.t = t;
+            let mut d = long_desc(b, hv, t);
             d.forward = true;
             let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
             assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, 1, None, true));

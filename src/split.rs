@@ -193,19 +193,9 @@ pub fn shape(desc: &CallDesc, sp: Split) -> SplitShape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::base_desc;
+    use crate::plan::tests::long_desc as long;
 
     const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
-
-    fn long(b: i64, hv: i64, t: i64) -> CallDesc {
-        let mut d = base_desc();
-        d.dims.b = b;
-        d.dims.n = b;
-        d.dims.h = hv;
-        d.dims.hv = hv;
-        d.dims.t = t;
-        d
-    }
 
     #[test]
     fn the_rule_splits_only_below_one_wave() {
