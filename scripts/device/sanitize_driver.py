@@ -138,6 +138,22 @@ CASES = [
         "rs_svf_wg2_tail_g_k64",
         dict(B=2, T=100, H=2, HV=2, K=64, V=128, gate="g", state_v_first=True, nwg=2),
     ),
+    # The forward scan (fla's chunk_gated_delta_rule_fwd_h; the FWD instances): the make_inputs
+    # call's k, w, u = dv, initial_state = dht, run through _core._fwd_h_probe into NaN-poisoned
+    # outputs and through the (private) entry point.
+    ("fwd_envelope_k128_gk", dict(B=2, T=192, H=2, HV=2, K=128, V=128, gate="gk", fwd=True)),
+    ("fwd_k64_g_tail", dict(B=2, T=130, H=2, HV=2, K=64, V=64, gate="g", fwd=True)),
+    (
+        "fwd_varlen_padded_none",
+        dict(B=1, T=256, H=2, HV=2, K=128, V=64, gate=None, varlen_lengths=[100, 1, 0, 70], tables=torch.int32,
+             fwd=True),
+    ),
+    ("fwd_gva_svf_fp16", dict(B=1, T=130, H=1, HV=2, K=128, V=64, gate="gk", state_v_first=True,
+                              dtype=torch.float16, fwd=True)),
+    ("fwd_wg2_varlen_g", dict(B=1, T=None, H=2, HV=2, K=128, V=128, gate="g", varlen_lengths=[1, 63, 65, 7],
+                              tables=torch.int64, nwg=2, fwd=True)),
+    ("fwd_wg2_no_state_k64", dict(B=2, T=100, H=1, HV=1, K=64, V=128, gate="gk", dht=False, h0=False, nwg=2,
+                                  fwd=True)),
 ]  # fmt: skip
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -154,6 +170,7 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     split = spec.pop("split", None)
     tables = spec.pop("tables", None)
     layouts = spec.pop("layouts", {})
+    fwd = spec.pop("fwd", False)
     if nwg is None:
         os.environ.pop("KDA_DHU_SM90_NWG", None)
     else:
@@ -174,6 +191,8 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
                 f"{name}: layout {layout} does not apply to {input_name} {tuple(a[input_name].shape)}"
             )
         a[input_name] = x
+    if fwd:
+        return run_forward_case(name, a, dtype)
     try:
         poisoned = run_kernel(a, poison=True)
     except RuntimeError as err:
@@ -201,6 +220,55 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
             end = int(a["cu_seqlens"][-1])
             if end < a["q"].shape[1] and int(torch.count_nonzero(outs[2][:, end:])):
                 raise AssertionError(f"{name} {label}: dv2 padding rows are not zero")
+    return ", ".join(parts)
+
+
+def run_forward_case(name: str, s4: dict, dtype) -> str:
+    """The forward scan on a stage-4 case's inputs: _core._fwd_h_probe into NaN-poisoned
+    outputs, then kda_dhu._forward.chunk_gated_delta_rule_fwd_h (KDA_DHU_FORCE=kernel),
+    both against the float64 reference with fla's casts."""
+    from kda_dhu import _core
+    from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
+    from kda_dhu.reference import chunk_gated_delta_rule_fwd_h_ref, rel_err
+
+    k, w, u, h0 = s4["k"], s4["w"], s4["dv"], s4["dht"]
+    svf, cu = s4["state_v_first"], s4["cu_seqlens"]
+    a = dict(k=k, w=w, u=u, g=s4["g"], gk=s4["gk"], initial_state=h0, state_v_first=svf, cu_seqlens=cu,
+             chunk_indices=s4.get("chunk_indices"), chunk_offsets=s4.get("chunk_offsets"))  # fmt: skip
+    final_wanted = h0 is not None
+    ref = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=final_wanted, emulate_rounding=True)
+    B, T, HV, V = u.shape
+    K = k.shape[3]
+    N = B if cu is None else cu.shape[0] - 1
+    state = (N, HV, V, K) if svf else (N, HV, K, V)
+    h = torch.full(ref[0].shape, float("nan"), dtype=k.dtype, device="cuda")
+    v_new = torch.full_like(u, float("nan"))
+    final = torch.full(state, float("nan"), dtype=torch.float32, device="cuda") if final_wanted else None
+    zero = torch.zeros(state, dtype=torch.float32, device="cuda") if final_wanted else None
+    _core._fwd_h_probe(
+        k, k, w, u, u, a["g"], a["gk"], zero, h0, None, svf, cu, 64,
+        dh=h, dh0=final, dv2=v_new, stream=torch.cuda.current_stream().cuda_stream,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    before = _core.launch_count()
+    public = chunk_gated_delta_rule_fwd_h(**a, output_final_state=final_wanted)
+    torch.cuda.synchronize()
+    if _core.launch_count() - before != 1:
+        raise AssertionError(f"{name}: the entry point did not launch the kernel once")
+    parts = []
+    for label, outs in (("poisoned", (h, v_new, final)), ("public", public)):
+        for out_name, o, r in zip(("h", "v_new", "final_state"), outs, ref):
+            if r is None:
+                if o is not None:
+                    raise AssertionError(f"{name} {label}: {out_name} should be None")
+                continue
+            e = rel_err(o, r.to(o.dtype))
+            if not e < 1e-3:
+                raise AssertionError(
+                    f"{name} {label}: {out_name} relative error {e:.3e} (bar 1e-3; inf = non-finite / unwritten)"
+                )
+            if label == "poisoned":
+                parts.append(f"{out_name} {e:.1e}")
     return ", ".join(parts)
 
 
