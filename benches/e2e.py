@@ -3,6 +3,7 @@
     python benches/e2e.py                      # every case; prints the table
     python benches/e2e.py --out DIR            # also writes DIR/e2e-<date>-<gpu>.json, e2e-latest.{json,md}
     python benches/e2e.py --shapes kda_b8_t4096_h32 --reps 10
+    python benches/e2e.py --fwd-h              # "on" runs fla's forward scan on kda-dhu's kernel too
     python benches/e2e.py --table e2e-latest.json   # the table of a recorded run (no GPU)
 
 What one case does (all in one process, on the same inputs):
@@ -17,16 +18,18 @@ What one case does (all in one process, on the same inputs):
    B = 1, T = 32768, as a pretraining step packs them; fla's backward then hands stage 4
    its chunk_indices (cached from the forward).
 2. Gradient check: one forward, then backward (torch.autograd.grad, retain_graph) with
-   kda-dhu off (FLA_KDA_DHU=0), on (unset), and off again, on the same graph. Every
-   input's gradient (q, k, v, g, beta, initial_state) is compared on vs off by relative
-   L2 error; off vs off-again gives fla's own run-to-run noise. Fails above --tol (2e-2,
-   bf16). Done for each --check-normalizers value (1: fla's gates, the strong decay of
-   its tests; 16: slow decay, so the state gradient carries across many chunks).
+   kda-dhu off (FLA_KDA_DHU=0), on (unset), and off again, on the same graph (its forward
+   run with kda-dhu off). Every input's gradient (q, k, v, g, beta, initial_state) is
+   compared on vs off by relative L2 error; off vs off-again gives fla's own run-to-run
+   noise. Fails above --tol (2e-2, bf16). Done for each --check-normalizers value (1:
+   fla's gates, the strong decay of its tests; 16: slow decay, so the state gradient
+   carries across many chunks).
    Kernel routing is checked at the same time: kda_dhu.testing.KernelProbe counts kda-dhu's
    kernel launches (kda_dhu._core.launch_count(): every route, the one-crossing path
    included) and records the backend verifier's verdicts (kda_dhu._dispatch.verify); on
-   must launch the kernel once per stage-4 call, off never. The timed backwards are
-   counted too ("kernel_launches_timed").
+   must launch the kernel once per stage-4 call (with --fwd-h, once more per forward-scan
+   call), off never. The timed backwards and forwards are counted too
+   ("kernel_launches_timed", "kernel_launches_timed_fwd").
 3. Timing: CUDA events around the forward (with autograd recording, as in training)
    and around the whole backward (autograd.grad on one retained graph), the two modes
    alternating iteration by iteration (order swapped every iteration), no
@@ -34,6 +37,18 @@ What one case does (all in one process, on the same inputs):
    by temporarily rebinding chunk_gated_delta_rule_bwd_dhu in the op's backward module
    (fla.ops.kda.chunk_bwd) to a wrapper that records CUDA events around the call (fla's
    dispatch, kda-dhu's planning and any host synchronization included).
+
+--fwd-h: kda-dhu's backend for fla's forward state scan, chunk_gated_delta_rule_fwd_h
+(fla.ops.common.chunk_delta_h; KDA's forward calls it, and its backward again to recompute
+h), is on in the "on" mode too: KDA_DHU_FWD_H=on while "on" runs, unset in "off" (without
+--fwd-h it is unset in both: "on" is stage 4 alone). The forward is then checked as well:
+in each gradient check one more forward (no_grad) with both on, o and the final state
+compared with the off forward's by relative L2 error (over --tol fails). The forward scan
+is timed like stage 4, through the same wrapper bound to chunk_gated_delta_rule_fwd_h in
+every module of the op's fla package that imported it (KDA: fla.ops.kda.chunk_fwd and
+chunk_bwd), over whole steps (forward + backward, --stage4-reps per mode, alternating):
+"fwd_h_ms" is the median per step of the sum of its calls, "fwd_h_calls_per_step" their
+number. The record says "fwd_h": true.
 
 --graph-probe adds one more check: chunk_kda's CUDA-graph varlen mode (use_graph=True,
 cu_seqlens padded with zero-length tail sequences, run eagerly as fla's warm-up step is),
@@ -51,20 +66,23 @@ the varlen KDA case's stage 4 at least 1.25x and its backward at least 1.005x fa
 kda-dhu on; the dense case not worse than then (backward 15.55 -> 15.33 ms, 1.014x, less
 0.5%; stage 4 0.778 -> 0.549 ms, 1.417x, less 5%: ratios, since absolute times move from
 machine to machine; the run-to-run spread of stage 4's ratio was 3%); one long sequence
-(kda_b1_t65536_h32, 64 CTAs): stage 4 at least 1.4x, the backward at least 1.015x. The
+(kda_b1_t65536_h32, 64 CTAs): stage 4 at least 1.4x, the backward at least 1.015x. With
+--fwd-h also: the dense case's forward + backward (fwd ms + bwd ms) at least 1.02x. The
 last line printed is "targets: M of N met".
 
 Each case's row is also written to DIR/e2e-partial.json as it finishes (removed when the
 run completes), so a run cut short leaves what it measured.
 
-Exit status: 0 all checks passed and every target met; 1 a gradient error over --tol, a
-non-finite gradient, the kernel not running with the backend on (or running with it off),
-a case that raised, or a target missed; 2 no usable GPU / kda-dhu extension.
+Exit status: 0 all checks passed and every target met; 1 a gradient (or, --fwd-h, forward
+output) error over --tol, a non-finite one, the kernel not running with the backend on (or
+running with it off), a case that raised, or a target missed; 2 no usable GPU / kda-dhu
+extension.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import importlib
@@ -81,12 +99,13 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # The backend switch (FLA_KDA_DHU) and the kernel-launch / verdict probe, shared with
-# benches/cp_check.py.
-from kda_dhu.testing import BACKEND_ENV, KernelProbe, restored_backend
-from kda_dhu.testing import set_backend as set_mode
+# benches/cp_check.py; the forward scan's switch (KDA_DHU_FWD_H, read at every call).
+from kda_dhu.fla_backend import FWD_H_SWITCH as FWD_H_ENV
+from kda_dhu.testing import BACKEND_ENV, KernelProbe, restored_backend, set_backend
 
 STAGE4 = "chunk_gated_delta_rule_bwd_dhu"
-MODES = ("fla", "kda_dhu")  # FLA_KDA_DHU=0, unset
+FWD_H = "chunk_gated_delta_rule_fwd_h"  # fla's forward state scan (--fwd-h)
+MODES = ("fla", "kda_dhu")  # FLA_KDA_DHU=0, unset (and KDA_DHU_FWD_H=on with --fwd-h)
 DEVICE = "cuda"
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
@@ -121,8 +140,14 @@ LONG_TARGETS = {"stage4_speedup": 1.4, "bwd_speedup": 1.015}
 # "Not worse than before" for the dense case: the ratio then, less this fraction.
 DENSE_SLACK = {"bwd_speedup": 0.005, "stage4_speedup": 0.05}
 
+# With --fwd-h: the dense case's forward + backward, both ops on (the issue's step).
+FWD_H_TARGETS = {"fwd_bwd_speedup": 1.02}
+
 # the module whose global STAGE4 the op's backward calls
 BACKWARD_MODULE = {"kda": "fla.ops.kda.chunk_bwd", "gdn": "fla.ops.gated_delta_rule.chunk"}
+# the op's fla package: its modules that imported FWD_H call it (forward, backward's recompute)
+OP_PACKAGE = {"kda": "fla.ops.kda", "gdn": "fla.ops.gated_delta_rule"}
+FWD_H_SOURCE = "fla.ops.common.chunk_delta_h"
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -216,27 +241,80 @@ def forward(op: str, x: dict, cu, cu_cpu, **extra):
 
 # ----------------------------------------------------------------------------- modes and probes
 
+FWD_H_ON = False  # --fwd-h (set by main)
+
+
+def set_mode(mode: str) -> None:
+    """kda-dhu's fla backend on for mode "kda_dhu" (FLA_KDA_DHU unset), off for any other
+    (FLA_KDA_DHU=0); its forward scan on (KDA_DHU_FWD_H=on) only in "kda_dhu" under --fwd-h,
+    unset otherwise."""
+    set_backend(mode)
+    if FWD_H_ON and mode == "kda_dhu":
+        os.environ[FWD_H_ENV] = "on"
+    else:
+        os.environ.pop(FWD_H_ENV, None)
+
+
+@contextlib.contextmanager
+def restored_switches():
+    """FLA_KDA_DHU and KDA_DHU_FWD_H back to their values on entry when the block exits."""
+    before = os.environ.get(FWD_H_ENV)
+    with restored_backend():
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(FWD_H_ENV, None)
+            else:
+                os.environ[FWD_H_ENV] = before
+
+
+def fwd_h_modules(op: str) -> list:
+    """The modules of the op's fla package (imported) that bound fla's FWD_H by name."""
+    fn = getattr(importlib.import_module(FWD_H_SOURCE), FWD_H)
+    pkg = OP_PACKAGE[op]
+    importlib.import_module(pkg)
+    return [
+        m
+        for name, m in sorted(sys.modules.items())
+        if (name == pkg or name.startswith(pkg + ".")) and m is not None and m.__dict__.get(FWD_H) is fn
+    ]
+
 
 class Stage4Spy:
     """Temporarily rebinds STAGE4 in the op's backward module to a wrapper that counts
-    calls and, while ``timing``, records CUDA events around each (tagged with ``mode``).
-    The wrapper runs on autograd's backward thread, on the stream autograd set."""
+    calls and, while ``timing``, records CUDA events around each (tagged with ``mode`` and
+    ``step``, which ``begin`` sets before each timed call of ``alternate``). The wrapper
+    runs on the caller's thread (autograd's backward thread in the backward), on its
+    current stream."""
+
+    name = STAGE4
 
     def __init__(self, op: str):
-        self.module = importlib.import_module(BACKWARD_MODULE[op])
+        self.modules = self._modules(op)
         self.calls = 0
         self.timing = False
         self.mode = None
+        self.step = 0
         self.events = []
+
+    @staticmethod
+    def _modules(op: str) -> list:
+        return [importlib.import_module(BACKWARD_MODULE[op])]
 
     def reset(self):
         self.calls = 0
         self.events = []
 
+    def begin(self, mode, timed):
+        """alternate's on_mode: the next call's mode (None in warm-up: left out), a new step."""
+        self.mode = mode if timed else None
+        self.step += 1
+
     def __enter__(self):
         import torch
 
-        inner = self.module.__dict__[STAGE4]
+        inner = self.modules[0].__dict__[self.name] if self.modules else None
         self._inner = inner
 
         def wrapper(*args, **kwargs):
@@ -248,25 +326,52 @@ class Stage4Spy:
             start.record()
             out = inner(*args, **kwargs)
             end.record()
-            self.events.append((self.mode, start, end))
+            self.events.append((self.mode, self.step, start, end))
             return out
 
         wrapper.__wrapped__ = inner
         self._wrapper = wrapper
-        setattr(self.module, STAGE4, wrapper)
+        for module in self.modules:
+            setattr(module, self.name, wrapper)
         return self
 
     def __exit__(self, *exc):
-        if self.module.__dict__.get(STAGE4) is self._wrapper:
-            setattr(self.module, STAGE4, self._inner)
+        for module in self.modules:
+            if module.__dict__.get(self.name) is self._wrapper:
+                setattr(module, self.name, self._inner)
         return False
 
     def medians(self) -> dict:
         out = {}
         for mode in MODES:
-            t = [s.elapsed_time(e) for m, s, e in self.events if m == mode]
+            t = [s.elapsed_time(e) for m, _, s, e in self.events if m == mode]
             out[mode] = statistics.median(t) if t else None
         return out
+
+    def per_step(self) -> tuple:
+        """({mode: median over steps of the summed ms of a step's calls}, {mode: calls per
+        step, a float if the steps differ}), None for a mode without events."""
+        ms, calls = {}, {}
+        for mode in MODES:
+            steps = {}
+            for m, step, s, e in self.events:
+                if m == mode:
+                    steps.setdefault(step, []).append(s.elapsed_time(e))
+            ms[mode] = statistics.median(sum(t) for t in steps.values()) if steps else None
+            n = [len(t) for t in steps.values()]
+            calls[mode] = (n[0] if len(set(n)) == 1 else sum(n) / len(n)) if n else None
+        return ms, calls
+
+
+class FwdHSpy(Stage4Spy):
+    """Stage4Spy for FWD_H, bound in every module of the op's fla package that imported it
+    (KDA: fla.ops.kda.chunk_fwd, the forward, and chunk_bwd, the backward's recompute)."""
+
+    name = FWD_H
+
+    @staticmethod
+    def _modules(op: str) -> list:
+        return fwd_h_modules(op)
 
 
 class LogCapture(logging.Handler):
@@ -325,31 +430,50 @@ def rel_err(out, ref) -> float:
     return _rel_err(out, ref)
 
 
-def grad_check(case, args, probe: KernelProbe, spy: Stage4Spy, normalizer: float) -> dict:
-    """Backward off / on / off on one forward graph; errors and routing."""
+def grad_check(case, args, probe: KernelProbe, spy: Stage4Spy, normalizer: float, fspy: FwdHSpy) -> dict:
+    """Backward off / on / off on one forward graph (forward off); errors and routing. With
+    --fwd-h also a forward with both ops on (no_grad), its outputs against the graph's."""
     import torch
 
     x, grads_out, cu, cu_cpu, _ = make_inputs(case, seed=args.seed, gate_normalizer=normalizer)
     leaves = [x[n] for n in GRAD_NAMES]
+    set_mode("fla")
+    fspy.reset()
     o, ht = forward(case["op"], x, cu, cu_cpu)
-    grads, launches, stage4_calls, verdicts = {}, {}, {}, {}
+    out = {"gate_normalizer": normalizer, "fwd_h_calls_fwd": fspy.calls}
+    if FWD_H_ON:
+        set_mode("kda_dhu")
+        probe.reset()
+        fspy.reset()
+        with torch.no_grad():
+            o_on, ht_on = forward(case["op"], x, cu, cu_cpu)
+        torch.cuda.synchronize()
+        out["fwd"] = {
+            "rel_err": {"o": rel_err(o_on, o), "final_state": rel_err(ht_on, ht)},
+            "kernel_launches": probe.launches,
+            "fwd_h_calls": fspy.calls,
+        }
+        del o_on, ht_on
+    grads, launches, stage4_calls, fwd_h_calls, verdicts = {}, {}, {}, {}, {}
     for tag, mode in (("fla", "fla"), ("kda_dhu", "kda_dhu"), ("fla_again", "fla")):
         set_mode(mode)
         probe.reset()
         spy.reset()
+        fspy.reset()
         grads[tag] = torch.autograd.grad((o, ht), leaves, grads_out, retain_graph=True)
         torch.cuda.synchronize()
-        launches[tag], stage4_calls[tag] = probe.launches, spy.calls
+        launches[tag], stage4_calls[tag], fwd_h_calls[tag] = probe.launches, spy.calls, fspy.calls
         verdicts[tag] = sorted({f"{'kernel' if ok else 'fla'}: {why}" for ok, why in probe.verdicts})
     err = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["kda_dhu"], grads["fla"])}
     noise = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, grads["fla_again"], grads["fla"])}
     del grads, o, ht, x, leaves, grads_out
     return {
-        "gate_normalizer": normalizer,
+        **out,
         "rel_err": err,
         "fla_repeat_rel_err": noise,
         "kernel_launches": launches,
         "stage4_calls": stage4_calls,
+        "fwd_h_calls": fwd_h_calls,
         "verdicts": verdicts,
     }
 
@@ -393,11 +517,11 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
             "lengths": lengths,
         }
 
-    with Stage4Spy(op) as spy:
-        checks = [grad_check(case, args, probe, spy, n) for n in args.check_normalizers]
+    with Stage4Spy(op) as spy, FwdHSpy(op) as fspy:
+        checks = [grad_check(case, args, probe, spy, n, fspy) for n in args.check_normalizers]
         torch.cuda.empty_cache()
 
-        fwd_ms = alternate(lambda: fwd(), args.warmup, args.reps)
+        fwd_ms = alternate(lambda: fwd(), args.warmup, args.reps, count=lambda: probe.launches)
         o, ht = fwd()
         bwd = functools.partial(torch.autograd.grad, (o, ht), leaves, grads_out, retain_graph=True)
         bwd_ms = alternate(bwd, args.warmup, args.reps, count=lambda: probe.launches)
@@ -405,14 +529,23 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
         if not args.no_stage4:
             spy.reset()
             spy.timing = True
-
-            def tag(mode, timed):
-                spy.mode = mode if timed else None  # warm-up events are left out
-
-            alternate(bwd, args.warmup, args.stage4_reps, on_mode=tag)
+            alternate(bwd, args.warmup, args.stage4_reps, on_mode=spy.begin)  # warm-up events left out
             spy.timing = False
             stage4 = spy.medians()
         del o, ht
+        fwd_h = step_ms = None
+        if FWD_H_ON:  # the forward scan's calls of whole steps (forward + backward)
+
+            def step(leaves=leaves, grads_out=grads_out):
+                o, ht = fwd()
+                torch.autograd.grad((o, ht), leaves, grads_out)
+
+            fspy.reset()
+            fspy.timing = True
+            step_ms = alternate(step, args.warmup, args.stage4_reps, on_mode=fspy.begin)
+            fspy.timing = False
+            fwd_h = fspy.per_step()
+            del step
     del x, leaves, grads_out
     torch.cuda.empty_cache()
 
@@ -436,9 +569,23 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
             ),
             "kernel_launches_timed": {m: bwd_ms[m]["count"] for m in MODES},
             "timed_backwards": args.reps,
+            "kernel_launches_timed_fwd": {m: fwd_ms[m]["count"] for m in MODES},
+            "timed_forwards": args.reps,
+            "fwd_h": FWD_H_ON,
+            "fwd_h_ms": fwd_h[0] if fwd_h else None,
+            "fwd_h_calls_per_step": fwd_h[1] if fwd_h else None,
+            "fwd_h_speedup": (
+                fwd_h[0]["fla"] / fwd_h[0]["kda_dhu"]
+                if fwd_h and fwd_h[0]["fla"] and fwd_h[0]["kda_dhu"]
+                else None
+            ),
+            "step_ms": {m: step_ms[m]["median"] for m in MODES} if step_ms else None,
             "grad_checks": checks,
             "max_grad_rel_err": max(v for c in checks for v in c["rel_err"].values()),
             "max_fla_repeat_rel_err": max(v for c in checks for v in c["fla_repeat_rel_err"].values()),
+            "max_fwd_rel_err": max(
+                (v for c in checks for v in c.get("fwd", {}).get("rel_err", {}).values()), default=None
+            ),
             "reps": args.reps,
             "warmup": args.warmup,
             "first_calls_s": t_warm,
@@ -450,6 +597,7 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
 
 def case_failures(row: dict, tol: float) -> list:
     out = []
+    fwd_h = bool(row.get("fwd_h"))  # --fwd-h: the forward scan's calls launch the kernel too
     for c in row["grad_checks"]:
         where = f"{row['case']} (gate normalizer {c['gate_normalizer']:g})"
         bad = {n: e for n, e in c["rel_err"].items() if not (e < tol)}  # NaN / inf fail too
@@ -459,34 +607,71 @@ def case_failures(row: dict, tol: float) -> list:
                 + ", ".join(f"{n} {e:.2e}" for n, e in bad.items())
             )
         la, calls = c["kernel_launches"], c["stage4_calls"]
+        fh = c.get("fwd_h_calls", {}).get("kda_dhu", 0) if fwd_h else 0  # the backward's recompute
         if la["fla"] or la["fla_again"]:
             out.append(f"{where}: kda-dhu's kernel ran with {BACKEND_ENV}=0 ({la['fla']} launches)")
         if calls["kda_dhu"] == 0:
             out.append(f"{where}: stage 4 was never called by the backward (spy saw no call)")
-        elif la["kda_dhu"] != calls["kda_dhu"]:
+        elif la["kda_dhu"] != calls["kda_dhu"] + fh:
             out.append(
                 f"{where}: kda-dhu's kernel ran {la['kda_dhu']} times for {calls['kda_dhu']} "
-                f"stage-4 calls with the backend on; verdicts: {c['verdicts']['kda_dhu']}"
+                + (f"stage-4 and {fh} forward-scan calls" if fwd_h else "stage-4 calls")
+                + f" with the backend on; verdicts: {c['verdicts']['kda_dhu']}"
             )
+        fwd = c.get("fwd")  # --fwd-h: a forward with both ops on
+        if fwd is not None:
+            bad = {n: e for n, e in fwd["rel_err"].items() if not (e < tol)}
+            if bad:
+                out.append(
+                    f"{where}: forward output rel err over {tol:g} ({FWD_H_ENV}=on): "
+                    + ", ".join(f"{n} {e:.2e}" for n, e in bad.items())
+                )
+            if fwd["fwd_h_calls"] == 0:
+                out.append(f"{where}: the forward scan was never called by the forward (spy saw no call)")
+            elif fwd["kernel_launches"] != fwd["fwd_h_calls"]:
+                out.append(
+                    f"{where}: kda-dhu's kernel ran {fwd['kernel_launches']} times for {fwd['fwd_h_calls']} "
+                    f"forward-scan calls in the forward with {FWD_H_ENV}=on"
+                )
+    c0 = row["grad_checks"][0] if row["grad_checks"] else {}
     timed = row.get("kernel_launches_timed")
     if timed is not None:
-        per_bwd = row["grad_checks"][0]["stage4_calls"]["kda_dhu"] if row["grad_checks"] else 1
+        per_bwd = c0["stage4_calls"]["kda_dhu"] if c0 else 1
+        fh = c0.get("fwd_h_calls", {}).get("kda_dhu", 0) if fwd_h else 0
         if timed["fla"]:
             out.append(
                 f"{row['case']}: {timed['fla']} kernel launches in the timed backwards with {BACKEND_ENV}=0"
             )
-        if timed["kda_dhu"] != per_bwd * row["timed_backwards"]:
+        if timed["kda_dhu"] != (per_bwd + fh) * row["timed_backwards"]:
             out.append(
                 f"{row['case']}: {timed['kda_dhu']} kernel launches in {row['timed_backwards']} timed backwards "
-                f"with the backend on ({per_bwd} stage-4 call(s) each)"
+                f"with the backend on ({per_bwd} stage-4 call(s)"
+                + (f" and {fh} forward-scan call(s)" if fwd_h else "")
+                + " each)"
+            )
+    timed = row.get("kernel_launches_timed_fwd")
+    if timed is not None:
+        per_fwd = c0.get("fwd_h_calls_fwd", 0) if fwd_h else 0
+        if timed["fla"]:
+            out.append(
+                f"{row['case']}: {timed['fla']} kernel launches in the timed forwards with {BACKEND_ENV}=0"
+            )
+        if timed["kda_dhu"] != per_fwd * row["timed_forwards"]:
+            out.append(
+                f"{row['case']}: {timed['kda_dhu']} kernel launches in {row['timed_forwards']} timed forwards "
+                + (
+                    f"with both ops on ({per_fwd} forward-scan call(s) each)"
+                    if fwd_h
+                    else f"({FWD_H_ENV} unset)"
+                )
             )
     return out
 
 
-def targets(rows: list) -> list:
+def targets(rows: list, fwd_h: bool = False) -> list:
     """The record's targets (see the module's docstring) for the rows measured: each
     {"case", "what", "value", "limit", "ok"}; a value that could not be measured is None
-    (ok None)."""
+    (ok None). ``fwd_h``: the record's --fwd-h (adds the step target)."""
     out = []
     by_case = {r["case"]: r for r in rows}
 
@@ -513,6 +698,9 @@ def targets(rows: list) -> list:
             limit = then * (1 - DENSE_SLACK[key])
             add(r["case"], f"{key} not worse than before ({then:.3f}x, less {DENSE_SLACK[key]:.1%})", r.get(key),
                 limit)  # fmt: skip
+        if fwd_h:
+            add(r["case"], "forward+backward speedup, stage 4 and forward scan on, >= 1.02",
+                r.get("fwd_bwd_speedup"), FWD_H_TARGETS["fwd_bwd_speedup"])  # fmt: skip
     return out
 
 
@@ -629,17 +817,26 @@ def _fmt(v, spec=".3f"):
 
 def markdown_table(record: dict) -> str:
     """The table of a record (also what --table prints)."""
+    fwd_h = bool(record.get("fwd_h"))  # --fwd-h (records before it have no such field)
     head = (
         f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, triton "
         f"{record.get('triton')}, kda_dhu {record['kda_dhu_commit']}, {record['date']}; "
-        f"medians of {record['settings']['reps']} alternating reps; fla = {BACKEND_ENV}=0\n\n"
+        f"medians of {record['settings']['reps']} alternating reps; fla = {BACKEND_ENV}=0"
+        + (f"; kda-dhu = stage 4 and forward scan on ({FWD_H_ENV}=on, --fwd-h)" if fwd_h else "")
+        + "\n\n"
     )
-    lines = [
+    cols = (
         "| case | fwd ms fla | fwd ms kda-dhu | bwd ms fla | bwd ms kda-dhu | bwd speedup "
         "| fwd+bwd speedup | stage4 ms fla | stage4 ms kda-dhu | stage4 speedup | stage4 share (fla) "
-        "| max grad err (fla repeat) | kernel launches on / off |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        + (
+            "| fwd_h ms/step fla | fwd_h ms/step kda-dhu | fwd_h speedup | fwd_h calls/step | max fwd out err "
+            if fwd_h
+            else ""
+        )
+        + "| max grad err (fla repeat) | kernel launches on / off |"
+    )
+    ncols = cols.count("|") - 1
+    lines = [cols, "|" + "---|" * ncols]
     for r in record["rows"]:
         s4 = r.get("stage4_ms") or {}
         share = (r.get("stage4_share_of_bwd") or {}).get("fla")
@@ -649,16 +846,26 @@ def markdown_table(record: dict) -> str:
         timed = r.get("kernel_launches_timed")
         if timed:
             launches += f" ; {r['timed_backwards']} timed: {timed['kda_dhu']} / {timed['fla']}"
+        timed = r.get("kernel_launches_timed_fwd")
+        if timed and fwd_h:
+            launches += f" ; {r['timed_forwards']} timed fwd: {timed['kda_dhu']} / {timed['fla']}"
         s4x = s4["fla"] / s4["kda_dhu"] if s4.get("fla") and s4.get("kda_dhu") else None
+        fh = ""
+        if fwd_h:
+            fms, fcalls = r.get("fwd_h_ms") or {}, r.get("fwd_h_calls_per_step") or {}
+            fh = (
+                f"| {_fmt(fms.get('fla'))} | {_fmt(fms.get('kda_dhu'))} | {_fmt(r.get('fwd_h_speedup'))}x "
+                f"| {_fmt(fcalls.get('kda_dhu'), 'g')} | {_fmt(r.get('max_fwd_rel_err'), '.1e')} "
+            )
         lines.append(
             f"| {r['case']} | {r['fwd_ms']['fla']:.3f} | {r['fwd_ms']['kda_dhu']:.3f} "
             f"| {r['bwd_ms']['fla']:.3f} | {r['bwd_ms']['kda_dhu']:.3f} | {r['bwd_speedup']:.3f}x "
             f"| {r['fwd_bwd_speedup']:.3f}x | {_fmt(s4.get('fla'))} | {_fmt(s4.get('kda_dhu'))} "
-            f"| {_fmt(s4x)}x | {_fmt(share, '.1%')} | {r['max_grad_rel_err']:.1e} ({r['max_fla_repeat_rel_err']:.1e}) "
+            f"| {_fmt(s4x)}x | {_fmt(share, '.1%')} {fh}| {r['max_grad_rel_err']:.1e} ({r['max_fla_repeat_rel_err']:.1e}) "
             f"| {launches} |"
         )
     for s in record.get("skipped", []):
-        lines.append(f"| {s['case']} | not run: {s['reason']} |" + " |" * 11)
+        lines.append(f"| {s['case']} | not run: {s['reason']} |" + " |" * (ncols - 2))
     out = head + "\n".join(lines) + "\n"
     if record.get("targets"):
         out += "\n| target | case | value | limit | met |\n|---|---|---|---|---|\n"
@@ -682,7 +889,15 @@ def print_checks(row: dict) -> None:
             f"    {'':31}kernel launches on {c['kernel_launches']['kda_dhu']} / off "
             f"{c['kernel_launches']['fla']} for {c['stage4_calls']['kda_dhu']} stage-4 call(s); "
             f"verdicts on: {c['verdicts']['kda_dhu'] or 'none'}; off: {c['verdicts']['fla'] or 'none'}"
+            + (f"; forward-scan calls {c['fwd_h_calls']['kda_dhu']}" if row.get("fwd_h") else "")
         )
+        if c.get("fwd"):
+            f = c["fwd"]
+            print(
+                f"    {'':31}forward, both on vs off  "
+                + "  ".join(f"{n} {e:.2e}" for n, e in f["rel_err"].items())
+                + f"  kernel launches {f['kernel_launches']} for {f['fwd_h_calls']} forward-scan call(s)"
+            )
 
 
 # ----------------------------------------------------------------------------- main
@@ -701,8 +916,15 @@ def build_record(meta: dict, args, log_lines: list, rows: list, skipped: list, g
             "medians of CUDA events; bwd = torch.autograd.grad on a retained graph; stage4 = "
             "chunk_gated_delta_rule_bwd_dhu timed with CUDA events inside the backward; kernel "
             "launches counted by kda_dhu._core.launch_count()"
+            + (
+                f"; fwd_h: {FWD_H_ENV}=on in 'kda_dhu' (unset in 'fla'), chunk_gated_delta_rule_fwd_h's "
+                "calls timed with CUDA events over whole steps (forward + backward), summed per step"
+                if args.fwd_h
+                else f"; {FWD_H_ENV} unset (fla's own forward scan in both modes)"
+            )
         ),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "fwd_h": args.fwd_h,
         "settings": {
             "reps": args.reps,
             "warmup": args.warmup,
@@ -711,13 +933,14 @@ def build_record(meta: dict, args, log_lines: list, rows: list, skipped: list, g
             "tol": args.tol,
             "seed": args.seed,
             "varlen_range": list(VARLEN_RANGE),
+            "fwd_h": args.fwd_h,
         },
         "fla_backend_log": log_lines,
         "rows": rows,
         "skipped": skipped,
         "graph_probe": graph,
         "before": BEFORE,
-        "targets": targets(rows),
+        "targets": targets(rows, fwd_h=args.fwd_h),
         "failures": failures,
         "total_s": time.time() - t_start,
     }
@@ -745,7 +968,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--reps", type=int, default=30, help="timed iterations per mode (default 30)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per mode first (default 3)")
-    ap.add_argument("--stage4-reps", type=int, default=15, help="iterations per mode for stage 4 alone")
+    ap.add_argument(
+        "--stage4-reps",
+        type=int,
+        default=15,
+        help="iterations per mode for stage 4 alone (and, --fwd-h, for the forward scan's steps)",
+    )
     ap.add_argument("--no-stage4", action="store_true", help="skip timing stage 4 alone")
     ap.add_argument(
         "--check-normalizers",
@@ -760,6 +988,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gdn", action="store_true", help="skip the GDN cases (and the probe)")
+    ap.add_argument(
+        "--fwd-h",
+        action="store_true",
+        help=f"the 'on' mode runs fla's forward scan (chunk_gated_delta_rule_fwd_h) on kda-dhu too "
+        f"({FWD_H_ENV}=on; unset in 'off'); times its calls per step and checks the forward",
+    )
     ap.add_argument(
         "--graph-probe",
         action="store_true",
@@ -789,6 +1023,8 @@ def main(argv=None) -> int:
             ap.error(f"unknown case(s) {unknown}; one of: {', '.join(CASES)}")
     if args.reps < 1 or args.warmup < 0 or args.stage4_reps < 1:
         ap.error("--reps and --stage4-reps must be >= 1, --warmup >= 0")
+    global FWD_H_ON
+    FWD_H_ON = args.fwd_h
 
     import torch
 
@@ -818,6 +1054,12 @@ def main(argv=None) -> int:
     if force:
         print(
             f"e2e: warning: KDA_DHU_FORCE={force!r} is set; the 'on' mode is not the default path",
+            file=sys.stderr,
+        )
+    if os.environ.get(FWD_H_ENV) and not args.fwd_h:
+        print(
+            f"e2e: warning: {FWD_H_ENV}={os.environ[FWD_H_ENV]!r} is set; ignored (unset in both modes) "
+            "without --fwd-h",
             file=sys.stderr,
         )
     try:
@@ -853,7 +1095,7 @@ def main(argv=None) -> int:
     partial = os.path.join(args.out, "e2e-partial.json") if args.out else ""
     t_start = time.time()
     rows, skipped, failures = [], [], []
-    with restored_backend(), KernelProbe() as probe:
+    with restored_switches(), KernelProbe() as probe:
         if any(CASES[n]["op"] == "gdn" for n in names):
             reason = "--no-gdn" if args.no_gdn else gdn_backward_refusal()
             if reason:
@@ -887,7 +1129,13 @@ def main(argv=None) -> int:
                 f"{row['fwd_ms']['kda_dhu']:.3f} ms  bwd {row['bwd_ms']['fla']:.3f} / "
                 f"{row['bwd_ms']['kda_dhu']:.3f} ms  x{row['bwd_speedup']:.3f} bwd  "
                 f"stage4 {_fmt(s4.get('fla'))} / {_fmt(s4.get('kda_dhu'))} ms  "
-                f"max grad err {row['max_grad_rel_err']:.2e} (fla repeat "
+                + (
+                    f"fwd_h {_fmt(row['fwd_h_ms']['fla'])} / {_fmt(row['fwd_h_ms']['kda_dhu'])} ms per step "
+                    f"({_fmt(row['fwd_h_calls_per_step']['kda_dhu'], 'g')} calls)  "
+                    if row.get("fwd_h_ms")
+                    else ""
+                )
+                + f"max grad err {row['max_grad_rel_err']:.2e} (fla repeat "
                 f"{row['max_fla_repeat_rel_err']:.2e})  [fla / kda-dhu; {row['case_s']:.0f} s, "
                 f"first calls {row['first_calls_s']:.0f} s]  {'FAIL' if fails else 'ok'}",
                 flush=True,

@@ -173,8 +173,11 @@ def test_calls_the_kernel_leaves_to_fla_match_fla(rng, monkeypatch):
     out, launches = _public(a, output_final_state=True)
     assert launches == 0
     fla = _fla_fwd_h()(**a, output_final_state=True)
-    for o, f in zip(out, fla):
-        assert torch.equal(o, f)
+    end = int(a["cu_seqlens"][-1])  # fla leaves v_new's rows past cu_seqlens[-1] unwritten
+    for name, o, f in zip(("h", "v_new", "final_state"), out, fla):
+        if name == "v_new":
+            o, f = o[:, :end], f[:, :end]
+        assert torch.equal(o, f), name
     monkeypatch.setenv("KDA_DHU_FORCE", "kernel")
     with pytest.raises(RuntimeError, match="packed batch without chunk_indices"):
         _public(a)
