@@ -3,12 +3,24 @@ table (``kda_dhu._measure.SHAPES``), its records, tables, plots and README block
 
     python benches/bench.py                 # the quick default: prod8192 only
     python benches/bench.py --all --out DIR # every shape; writes DIR/<date>-<gpu>.json
+    python benches/bench.py --op fwd_h --all --out DIR  # the forward scan's rows instead:
+                                            # DIR/bench-fwd_h-<date>-<gpu>.json
     python benches/bench.py --table JSON [--plot PNG]   # a record's table (and plot)
     python benches/bench.py --readme README.md          # README's tables from their records
 
-The measurement itself (``run_shape``: times, floor, errors) is the package's
-(``kda_dhu._measure``, which the main job runs); this script sweeps shapes and writes
-records. Not shipped in the wheel.
+--op picks the function: "dhu" (the default) is stage 4, fla's chunk_gated_delta_rule_bwd_dhu
+(records <date>-<gpu>.json, latest.json, latest.md, latest.png); "fwd_h" is the forward
+state scan, fla's chunk_gated_delta_rule_fwd_h (kda_dhu._forward's against fla's, on the
+same shapes and stage-4 inputs, ``_measure.fwd_h_row_args``: k and w rescaled, u = dv, the
+gate, initial_state = dht, the final state output; rows tagged "op": "fwd_h", errors
+against fla's outputs, "launches" 1 where kda-dhu's kernel ran the call, 0 where it went
+to fla; records bench-fwd_h-<date>-<gpu>.json, bench-fwd_h-latest.json, .md, .png);
+"both" runs every stage-4 row, then every forward row, and writes both records (stage
+4's as "dhu" writes it).
+
+The measurement itself (``run_shape``, ``run_fwd_h_shape``: times, floor, errors) is the
+package's (``kda_dhu._measure``, which the main job runs); this script sweeps shapes and
+writes records. Not shipped in the wheel.
 """
 
 from __future__ import annotations
@@ -24,6 +36,16 @@ import sys
 import time
 
 from kda_dhu._measure import SHAPES, copy_bandwidth, run_shape  # noqa: F401 - the table, for the tools
+
+# --op's functions: a row's "op" (stage-4 rows have none), fla's function, its records' prefix
+OPS = ("dhu", "fwd_h")
+OP_FUNCTION = {"dhu": "chunk_gated_delta_rule_bwd_dhu", "fwd_h": "chunk_gated_delta_rule_fwd_h"}
+OP_PREFIX = {"dhu": "", "fwd_h": "bench-fwd_h-"}
+
+
+def row_op(row: dict) -> str:
+    """A record row's function: its "op", "dhu" (stage 4) for a row without one."""
+    return row.get("op", "dhu")
 
 
 def git_commit() -> str:
@@ -51,18 +73,33 @@ def _path_cell(path: str) -> str:
 
 def markdown_table(record: dict) -> str:
     """The README's table of a benchmark record (never typed by hand): a line naming the
-    GPU, versions, commit, date and copy bandwidth, then one row per shape."""
+    GPU, versions, commit, date and copy bandwidth, then one row per shape: stage 4's rows
+    (those without an "op"), then, where the record has any, a table of its forward-scan
+    rows ("op": "fwd_h") headed "fwd_h". A record of stage-4 rows only gives stage 4's
+    table alone, as before the forward rows."""
     head = (
         f"{record['gpu']}, fla {record['fla_version']}, torch {record['torch']}, kda_dhu "
         f"{record['kda_dhu_commit']}, {record['date']}; copy bandwidth "
         f"{record['copy_bw_GBs']:.0f} GB/s\n\n"
     )
+    dhu = [r for r in record["rows"] if row_op(r) == "dhu"]
+    fwd = [r for r in record["rows"] if row_op(r) == "fwd_h"]
+    parts = []
+    if dhu or not fwd:
+        parts.append(_dhu_table(dhu))
+    if fwd:
+        parts.append(_fwd_h_table(fwd))
+    return head + "\n".join(parts)
+
+
+def _dhu_table(rows: list) -> str:
+    """Stage 4's rows as a markdown table (errors against the record's reference)."""
     lines = [
         "| shape | B | T | H | HV | K | V | kda-dhu ms | fla ms | vs fla | kda-dhu / floor "
         "| fla / floor | err dh (fla) | path |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in record["rows"]:
+    for r in rows:
         fe = r.get("fla_rel_err") or {}
         lines.append(
             f"| {r['shape']} | {r['B']} | {r['T']} | {r['H']} | {r['HV']} | {r['K']} | {r['V']} "
@@ -70,7 +107,28 @@ def markdown_table(record: dict) -> str:
             f"| {r['over_floor']:.2f} | {r['fla_over_floor']:.2f} "
             f"| {r['rel_err']['dh']:.1e} ({fe.get('dh', float('nan')):.1e}) | {_path_cell(r['path'])} |"
         )
-    return head + "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def _fwd_h_table(rows: list) -> str:
+    """The forward scan's rows as a markdown table headed "fwd_h" (errors against fla's
+    outputs: h, v_new, final_state)."""
+    lines = [
+        f"**fwd_h** (`{OP_FUNCTION['fwd_h']}`, the forward state scan; errors against fla's outputs)",
+        "",
+        "| shape | B | T | H | HV | K | V | kda-dhu ms | fla ms | vs fla | kda-dhu / floor "
+        "| fla / floor | err h / v_new / final (vs fla) | path |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        e = r["rel_err"]
+        lines.append(
+            f"| {r['shape']} | {r['B']} | {r['T']} | {r['H']} | {r['HV']} | {r['K']} | {r['V']} "
+            f"| {r['kda_dhu_ms']:.3f} | {r['fla_ms']:.3f} | {r['speedup_vs_fla']:.2f}x "
+            f"| {r['over_floor']:.2f} | {r['fla_over_floor']:.2f} "
+            f"| {e['h']:.1e} / {e['v_new']:.1e} / {e['final_state']:.1e} | {_path_cell(r['path'])} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 # A generated block of a markdown file: the table of the record named in its first line
@@ -113,10 +171,12 @@ def update_readme(path: str, check: bool = False) -> bool:
 PLOT_NEEDS = "matplotlib (pip install 'kda-dhu[bench]')"
 
 
-def plot(record: dict, path: str, source: str | None = None) -> None:
+def plot(record: dict, path: str, source: str | None = None, op: str | None = None) -> None:
     """A PNG of a benchmark record at ``path``: time over the bandwidth floor per shape,
     kda-dhu and fla side by side (1.0 is the floor; lower is better), titled with the
-    record (``source``, its file name, where given; GPU, kda_dhu commit, date, fla).
+    record (``source``, its file name, where given; GPU, kda_dhu commit, date, fla) and
+    the function. ``op``: the rows of that function ("dhu", stage 4, or "fwd_h"); by
+    default stage 4's where the record has any, else the forward scan's.
 
     A row whose path is fla (the planner sent kda-dhu's call to fla's function, so both
     bars time fla) is marked: its kda-dhu bar hatched and grey, "(ran fla)" under its
@@ -132,7 +192,11 @@ def plot(record: dict, path: str, source: str | None = None) -> None:
         from matplotlib.patches import Patch
     except ImportError as err:
         raise ImportError(f"plotting needs {PLOT_NEEDS}: {err}") from err
-    rows = record["rows"]
+    if op is None:
+        op = "dhu" if any(row_op(r) == "dhu" for r in record["rows"]) or not record["rows"] else "fwd_h"
+    rows = [r for r in record["rows"] if row_op(r) == op]
+    if not rows:
+        raise ValueError(f"no {op} rows in the record")
     ran_fla = [r["path"].startswith("fla") for r in rows]
     names = [r["shape"] + ("\n(ran fla)" if f else "") for r, f in zip(rows, ran_fla)]
     x = range(len(rows))
@@ -152,7 +216,7 @@ def plot(record: dict, path: str, source: str | None = None) -> None:
     ax.set_ylabel("time / bandwidth floor (lower is better)")
     what = source or f"record {record['date']}-{record['gpu'].replace(' ', '_')}"
     ax.set_title(
-        f"{what}: chunk_gated_delta_rule_bwd_dhu on {record['gpu']}\n"
+        f"{what}: {OP_FUNCTION[op]} on {record['gpu']}\n"
         f"kda_dhu {record['kda_dhu_commit']}, {record['date']}, fla {record['fla_version']}, "
         f"torch {record['torch']}; dashed: the floor; over the bars: fla ms / kda-dhu ms",
         fontsize=9,
@@ -205,8 +269,23 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--shapes", default="", help="comma-separated shape names: " + ", ".join(r[0] for r in SHAPES)
     )
-    ap.add_argument("--out", default="", help="folder for <date>-<gpu>.json and latest.json")
-    ap.add_argument("--no-ref", action="store_true", help="skip the float64 reference")
+    ap.add_argument(
+        "--op",
+        choices=("dhu", "fwd_h", "both"),
+        default="dhu",
+        help="the function measured: dhu (stage 4, fla's chunk_gated_delta_rule_bwd_dhu; the "
+        "default), fwd_h (the forward state scan, chunk_gated_delta_rule_fwd_h; records "
+        "bench-fwd_h-*.json) or both (stage 4's rows, then the forward's; both records)",
+    )
+    ap.add_argument(
+        "--out",
+        default="",
+        help="folder for <date>-<gpu>.json and latest.json (--op fwd_h: bench-fwd_h-<date>-<gpu>.json "
+        "and bench-fwd_h-latest.json)",
+    )
+    ap.add_argument(
+        "--no-ref", action="store_true", help="skip the float64 reference (stage 4; fwd_h checks against fla)"
+    )
     ap.add_argument("--cooldown", type=float, default=2.0, help="idle seconds before each row (default 2)")
     ap.add_argument(
         "--table",
@@ -293,22 +372,29 @@ def main(argv=None) -> int:
         f"({git_commit()})  copy bandwidth {bw:.0f} GB/s",
         flush=True,
     )
+    ops = OPS if args.op == "both" else (args.op,)
+    jobs = [(op, row) for op in ops for row in rows]
     results = []
-    partial = os.path.join(args.out, "partial.json") if args.out else ""
+    partial = os.path.join(args.out, f"{OP_PREFIX[ops[0]]}partial.json") if args.out else ""
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     try:
         from tqdm import tqdm
 
-        progress = tqdm(rows, desc="shapes", unit="shape", file=sys.stderr, leave=False)
+        progress = tqdm(jobs, desc="shapes", unit="shape", file=sys.stderr, leave=False)
     except ImportError:
-        progress = rows
-    for i, row in enumerate(progress):
+        progress = jobs
+    for i, (op, row) in enumerate(progress):
         # An idle pause before each row: at 5a4bf4a and c99b8b5 b8_t4096_h32 timed
         # 0.644-0.653 ms right after prod8192's float64 reference (seconds of fp64 work on
         # the GPU) and 0.575 ms in a run of its own (fla's time moved less).
         time.sleep(args.cooldown)
-        r = run_shape(row, bw, check_ref=not args.no_ref)
+        if op == "dhu":
+            r = run_shape(row, bw, check_ref=not args.no_ref)
+        else:
+            from kda_dhu._measure import run_fwd_h_shape
+
+            r = run_fwd_h_shape(row, bw)
         results.append(r)
         if args.out:  # the rows so far, should the run be cut short (never latest.json)
             with open(partial, "w") as f:
@@ -323,31 +409,44 @@ def main(argv=None) -> int:
                     f,
                     indent=1,
                 )
+        if op == "dhu":
+            errs = (
+                f"err[{r['ref']}] dh {r['rel_err']['dh']:.2e} dv2 {r['rel_err']['dv2']:.2e} "
+                f"dh0 {r['rel_err']['dh0']:.2e}"
+            )
+        else:
+            errs = (
+                f"err[fla] h {r['rel_err']['h']:.2e} v_new {r['rel_err']['v_new']:.2e} "
+                f"final {r['rel_err']['final_state']:.2e}  launches {r['launches']}"
+            )
         print(
-            f"[{i + 1}/{len(rows)}] {r['shape']:<26} ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
+            f"[{i + 1}/{len(jobs)}] {(r['shape'] if op == 'dhu' else 'fwd_h ' + r['shape']):<26} "
+            f"ours {r['kda_dhu_ms']:.3f} ms  fla {r['fla_ms']:.3f} ms  "
             f"x{r['speedup_vs_fla']:.2f} vs fla  {r['over_floor']:.2f}x floor (fla {r['fla_over_floor']:.2f}x)  "
             f"latency {r['kda_dhu_latency_ms']:.3f} / {r['fla_latency_ms']:.3f} ms  "
-            f"err[{r['ref']}] dh {r['rel_err']['dh']:.2e} dv2 {r['rel_err']['dv2']:.2e} "
-            f"dh0 {r['rel_err']['dh0']:.2e}  {r['path']}",
+            f"{errs}  {r['path']}",
             flush=True,
         )
-    record = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": gpu,
-        "fla_version": fla.__version__,
-        "torch": torch.__version__,
-        "kda_dhu_commit": git_commit(),
-        "copy_bw_GBs": bw,
-        "rows": results,
-    }
-    if args.out:
-        if os.path.exists(partial):
-            os.remove(partial)
-        write_record(record, args.out, markdown_table(record))
-        try:  # the record is the run's result; its picture is a convenience here
-            plot(record, os.path.join(args.out, "latest.png"))
-        except ImportError as err:
-            print(f"bench.py: no latest.png: {err}", file=sys.stderr)
+    if args.out and os.path.exists(partial):
+        os.remove(partial)
+    for op in ops:
+        record = {
+            "date": datetime.date.today().isoformat(),
+            "gpu": gpu,
+            "fla_version": fla.__version__,
+            "torch": torch.__version__,
+            "kda_dhu_commit": git_commit(),
+            "copy_bw_GBs": bw,
+            "rows": [r for r in results if row_op(r) == op],
+        }
+        if op != "dhu":
+            record = {"op": op, **record}
+        if args.out:
+            write_record(record, args.out, markdown_table(record), prefix=OP_PREFIX[op])
+            try:  # the record is the run's result; its picture is a convenience here
+                plot(record, os.path.join(args.out, f"{OP_PREFIX[op]}latest.png"), op=op)
+            except ImportError as err:
+                print(f"bench.py: no {OP_PREFIX[op]}latest.png: {err}", file=sys.stderr)
     bad = [
         r["shape"]
         for r in results

@@ -438,3 +438,171 @@ def run_shape(row, bw, check_ref=True, seed=0, entry="extended", progress=None, 
         "fla_rel_err": fla_err,
         "vs_fla": vs_fla,
     }
+
+
+# --- the forward scan (fla's chunk_gated_delta_rule_fwd_h) on the same shapes -----------------
+
+
+def fwd_floor_bytes(B, T, H, HV, K, V, NT_total, N, elem=2, gate="gk") -> int:
+    """The forward scan's fewest bytes (an initial and a final state): k, w, u and the gate
+    read (gk: the last row of each chunk; g: every token), h and v_new written, the fp32
+    initial state read and final state written (benches/fwd_h_probe.py's count)."""
+    b = (B * T * H * K + B * T * HV * K) * elem  # k, w
+    b += 2 * B * T * HV * V * elem  # u, v_new
+    if gate == "gk":
+        b += B * NT_total * HV * K * 4  # gk's last rows
+    elif gate == "g":
+        b += B * T * HV * 4
+    b += B * NT_total * HV * K * V * elem  # h
+    b += 2 * N * HV * K * V * 4  # initial_state, final_state
+    return b
+
+
+def fwd_h_args(a: dict) -> dict:
+    """fla's ``chunk_gated_delta_rule_fwd_h`` keyword arguments from a stage-4 row's inputs
+    (``row_inputs``): k, w, u = dv, its gate (g or gk), initial_state = dht,
+    output_final_state=True, state_v_first as the row's; a packed batch also gets
+    cu_seqlens_cpu and fla's chunk tables (chunk_indices, chunk_offsets: fla's
+    ``prepare_chunk_indices`` / ``prepare_chunk_offsets``, as fla's KDA forward passes
+    them; ``kda_dhu.testing.chunk_tables`` without fla)."""
+    kw = dict(
+        k=a["k"],
+        w=a["w"],
+        u=a["dv"],
+        g=a.get("g"),
+        gk=a.get("gk"),
+        initial_state=a["dht"],
+        output_final_state=True,
+        chunk_size=a.get("chunk_size", BT),
+        save_new_value=True,
+        state_v_first=bool(a.get("state_v_first", False)),
+    )
+    cu = a.get("cu_seqlens")
+    if cu is not None:
+        try:
+            from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets
+
+            indices = prepare_chunk_indices(cu, kw["chunk_size"])
+            offsets = prepare_chunk_offsets(cu, kw["chunk_size"])
+        except ImportError:
+            from .testing import chunk_tables
+
+            indices, offsets = chunk_tables(cu, T=a["k"].shape[1])
+        kw.update(cu_seqlens=cu, cu_seqlens_cpu=cu.cpu(), chunk_indices=indices, chunk_offsets=offsets)
+    return kw
+
+
+def fwd_h_row_args(row, seed=0, device="cuda") -> tuple:
+    """(keyword arguments, lengths) of the forward scan on a SHAPES row: the row's stage-4
+    inputs (``row_inputs``: the same seed, gate, packed lengths and state layout) through
+    ``fwd_h_args``, with k's rows scaled to unit norm and w's to norm 0.25 (as
+    ``kda_dhu.testing.make_inputs`` draws them, which benches/fwd_h_probe.py used): the
+    forward state then stays O(1), where stage 4's k and w (rows of norm about 1, drawn
+    independently) let the ungated rows' state grow about 1e6-fold over 4096 tokens."""
+    import torch.nn.functional as F
+
+    a, lengths = row_inputs(row, seed, device=device)
+    a["k"] = F.normalize(a["k"].float(), dim=-1).to(a["k"].dtype)
+    a["w"] = (0.25 * F.normalize(a["w"].float(), dim=-1)).to(a["w"].dtype)
+    return fwd_h_args(a), lengths
+
+
+def run_fwd_h_shape(row, bw, seed=0, progress=None) -> dict:
+    """Time and check the forward scan on one shape of SHAPES: kda-dhu's
+    ``kda_dhu._forward.chunk_gated_delta_rule_fwd_h`` against fla's function (undecorated,
+    ``_forward.fla_fwd_h_function``) on the row's inputs (``fwd_h_row_args``), in the
+    same process, fla tuning its kernels for the row first (``reset_fla_autotune``: fla's
+    forward kernel is in the same module), then both timed alternating
+    (``time_interleaved``), as ``run_shape`` times stage 4.
+
+    ``launches``: kda-dhu's kernel launches (``_core.launch_count()``) of our first call
+    (1: the kernel ran it; 0: fla's function did), ``launches_per_call`` over every timed
+    call of ours. Errors are against fla's outputs (``rel_err``: h, v_new, final_state); on
+    a padded packed batch v_new's rows past cu_seqlens[-1] (fla leaves them unwritten) are
+    zeroed on both sides first. The row has stage 4's timing keys and "op": "fwd_h"."""
+    import torch
+
+    from . import _core
+    from ._forward import chunk_gated_delta_rule_fwd_h, fla_fwd_h_function
+    from .reference import rel_err
+
+    name, B, T, H, HV, K, V, gate, varlen = row
+    kw, lengths = fwd_h_row_args(row, seed)
+    fla_fn = fla_fwd_h_function()
+    reset_fla_autotune()
+    say = progress or (lambda line: None)
+
+    calls = [0]
+
+    def ours_fn():
+        calls[0] += 1
+        return chunk_gated_delta_rule_fwd_h(**kw)
+
+    fla_call = functools.partial(fla_fn, **kw)
+
+    say("kda_dhu: first call (forward scan)")
+    before = _core.launch_count()
+    ours = chunk_gated_delta_rule_fwd_h(**kw)
+    torch.cuda.synchronize()
+    launches = _core.launch_count() - before
+    say("fla: first call (Triton compiles and tunes fla's forward-scan kernel for this shape)")
+    theirs = fla_call()
+    torch.cuda.synchronize()
+
+    end = int(kw["cu_seqlens_cpu"][-1]) if kw.get("cu_seqlens_cpu") is not None else T
+    if end < T:  # a padded packed batch: fla leaves v_new's rows past the last sequence unwritten
+        for out in (ours, theirs):
+            if out[1] is not None:
+                out[1][:, end:] = 0
+    names = ("h", "v_new", "final_state")
+    err = {n: rel_err(o, f) for n, o, f in zip(names, ours, theirs)}
+    N = B if lengths is None else len(lengths)
+    NT_total = ours[0].shape[1]
+    nbytes = fwd_floor_bytes(B, T, H, HV, K, V, NT_total, N, gate=gate)
+    del ours, theirs
+    torch.cuda.empty_cache()
+
+    say("timing both, alternating")
+    calls[0] = 0
+    before = _core.launch_count()
+    ms_ours, ms_fla, ms_ours2 = time_interleaved(ours_fn, fla_call)
+    lat_ours = time_ms(ours_fn, reps=20, queue_ahead=False)
+    lat_fla = time_ms(fla_call, reps=20, queue_ahead=False)
+    per_call = (_core.launch_count() - before) / max(calls[0], 1)
+    floor_ms = nbytes / (bw * 1e9) * 1e3
+    if launches == 1:
+        path = "kernel-sm90a"
+    elif launches == 0:
+        path = "fla (no kda-dhu launch)"
+    else:
+        path = f"kernel ({launches} launches)"
+    return {
+        "op": "fwd_h",
+        "shape": name,
+        "B": B,
+        "T": T,
+        "H": H,
+        "HV": HV,
+        "K": K,
+        "V": V,
+        "dtype": "bf16",
+        "gate": gate,
+        "varlen": lengths is not None,
+        "state_v_first": name in STATE_V_FIRST,
+        "path": path,
+        "launches": launches,
+        "launches_per_call": per_call,
+        "kda_dhu_ms": ms_ours,
+        "kda_dhu_ms_repeat": ms_ours2,
+        "fla_ms": ms_fla,
+        "kda_dhu_latency_ms": lat_ours,
+        "fla_latency_ms": lat_fla,
+        "floor_ms": floor_ms,
+        "min_bytes": nbytes,
+        "speedup_vs_fla": ms_fla / ms_ours,
+        "over_floor": ms_ours / floor_ms,
+        "fla_over_floor": ms_fla / floor_ms,
+        "GBs": nbytes / (ms_ours * 1e-3) / 1e9,
+        "ref": "fla",
+        "rel_err": err,
+    }
