@@ -6,7 +6,7 @@
 //! the errors are the forward call's (`rename`).
 
 use crate::error::{Error, Result};
-use crate::tensor::TensorMeta;
+use crate::tensor::{DType, TensorMeta};
 use crate::validate::{self, CallArgs, CallDesc};
 
 /// fla's signature of `chunk_gated_delta_rule_fwd_h` (fla-core 0.6), in order, as (name,
@@ -54,6 +54,13 @@ impl FwdArgs {
     /// FWD): q = k and do = u (validated, never read), dv = u, dht = initial_state, no h0
     /// (the final state is `CallDesc::has_h0`, set by `validate`).
     pub fn carrier(&self) -> CallArgs {
+        let mut dht = self.initial_state.clone();
+        if let Some(s) = dht.as_mut().filter(|s| s.dtype.is_half16()) {
+            // fla's kernel reads a 16-bit initial_state as well (cast to fp32 on load): the
+            // call is validated as fla takes it, and the planner leaves it to fla
+            // (`CallDesc::state_dtype`).
+            s.dtype = DType::F32;
+        }
         CallArgs {
             q: self.k.clone(),
             k: self.k.clone(),
@@ -63,7 +70,7 @@ impl FwdArgs {
             g: self.g.clone(),
             gk: self.gk.clone(),
             h0: None,
-            dht: self.initial_state.clone(),
+            dht,
             scale: None,
             state_v_first: self.state_v_first,
             cu_seqlens: self.cu_seqlens.clone(),
@@ -115,13 +122,14 @@ pub fn validate(a: &FwdArgs, check_device: bool) -> Result<CallDesc> {
     let mut desc = validate::validate(&a.carrier(), check_device).map_err(rename_error)?;
     desc.forward = true;
     desc.has_h0 = a.output_final_state;
+    desc.state_dtype = a.initial_state.as_ref().map_or(DType::F32, |s| s.dtype);
     Ok(desc)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{DType, Device};
+    use crate::tensor::Device;
 
     /// A packed tensor on cuda:0 at a 256-byte aligned address of its own.
     fn t(shape: &[i64], dtype: DType) -> TensorMeta {
@@ -187,6 +195,23 @@ mod tests {
         a.u.device = Device::cuda(1);
         let e = validate(&a, true).unwrap_err().to_string();
         assert!(e.starts_with("u: expected a tensor on cuda:0 like k"), "{e}");
+    }
+
+    #[test]
+    fn a_16_bit_initial_state_is_fla_s_call() {
+        let mut a = call();
+        assert_eq!(validate(&a, true).unwrap().state_dtype, DType::F32);
+        a.initial_state = Some(t(&[2, 4, 128, 64], DType::BF16));
+        let d = validate(&a, true).unwrap();
+        assert_eq!(d.state_dtype, DType::BF16);
+        let h200 = crate::plan::DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+        for rule in [crate::plan::Rule::Extended, crate::plan::Rule::Capable] {
+            let crate::plan::Plan::Fallback { reason } = crate::plan::plan(&d, &h200, rule) else { panic!() };
+            assert_eq!(reason, "initial_state is bfloat16 (the kernel reads float32 states)");
+        }
+        a.initial_state = Some(t(&[2, 4, 128, 64], DType::I32));
+        let e = validate(&a, true).unwrap_err().to_string();
+        assert!(e.starts_with("initial_state: expected dtype float32"), "{e}");
     }
 
     #[test]

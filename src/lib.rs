@@ -770,7 +770,7 @@ impl FwdObjects<'_, '_> {
 /// launched on torch's current stream of k's device: returns (h, v_new or None,
 /// final_state or None) as fla does. Returns None where the call is fla's to run: a tensor
 /// argument that is not a plain torch.Tensor or is in host memory, an input to copy first
-/// (not packed), a packed batch without chunk_indices, no chunks, KDA_DHU_FORCE=fla,
+/// (not packed), a 16-bit initial_state, a packed batch without chunk_indices, no chunks, KDA_DHU_FORCE=fla,
 /// KDA_DHU_CHECK_INPUTS=1 with a packed batch, the planner's fallback, a device that
 /// cannot run the kernel image. Raises TypeError / ValueError naming the argument for
 /// input neither takes (and first a bad packed batch that a kernel on that device found

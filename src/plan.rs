@@ -393,9 +393,12 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
     let chunk_clause = || (desc.chunk_size != BT).then(|| format!("chunk_size != 64 (chunk_size={})", desc.chunk_size));
     let k_clause = || (d.k != 64 && d.k != 128).then(|| format!("K not in {{64, 128}} (K={})", d.k));
     let v_clause = || (d.v % BV != 0).then(|| format!("V % 64 != 0 (V={})", d.v));
-    let dtype_clause = || (!dtype.is_half16()).then(|| format!("dtype not in {{bfloat16, float16}} (q is {dtype})"));
+    // The forward call's own names (src/forward.rs carries it by a stage-4 call: q = k, dv = u).
+    let (first, firsts, seconds) = if desc.forward { ("k", "k, w", "u is") } else { ("q", "q, k, w", "do, dv are") };
+    let dtype_clause =
+        || (!dtype.is_half16()).then(|| format!("dtype not in {{bfloat16, float16}} ({first} is {dtype})"));
     let same_dtype_clause = || {
-        (desc.dv_dtype != dtype).then(|| format!("dtypes differ (q, k, w are {dtype}; do, dv are {})", desc.dv_dtype))
+        (desc.dv_dtype != dtype).then(|| format!("dtypes differ ({firsts} are {dtype}; {seconds} {})", desc.dv_dtype))
     };
     let svf_clause =
         || desc.state_v_first.then(|| "state_v_first=True (the seed's kernel stores [K, V] states)".to_string());
@@ -411,6 +414,10 @@ fn first_failure(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Option<String
         }
     };
 
+    if desc.state_dtype != DType::F32 {
+        // Only the forward scan's initial_state gets here (stage 4 validates dht as float32).
+        return Some(format!("initial_state is {} (the kernel reads float32 states)", desc.state_dtype));
+    }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor);
     let clauses: Vec<Option<String>> = match rule {
         Rule::B2a => {
@@ -628,6 +635,7 @@ pub(crate) mod tests {
                 .collect(),
             device: Some(0),
             forward: false,
+            state_dtype: DType::F32,
         }
     }
 
@@ -1167,6 +1175,14 @@ pub(crate) mod tests {
             assert_eq!(KernelConfig::all(Arch::Sm90)[config.slot()].entry_point(arch), config.entry_point(arch));
             assert_eq!(reason(plan(&d, &B200, Rule::Extended)), "sm_100 kernel: no forward scan (fwd_h) kernel");
         }
+        // Reasons name the forward call's arguments (k, w, u), not the stage-4 call's that carries it.
+        let mut d = long_desc(1, 16, 4096);
+        d.forward = true;
+        d.qk_dtype = DType::F32;
+        assert_eq!(reason(plan(&d, &H200, Rule::Extended)), "dtype not in {bfloat16, float16} (k is float32)");
+        d.qk_dtype = DType::BF16;
+        d.dv_dtype = DType::F16;
+        assert_eq!(reason(plan(&d, &H200, Rule::Extended)), "dtypes differ (k, w are bfloat16; u is float16)");
     }
 
     #[test]

@@ -122,6 +122,9 @@ pub struct CallDesc {
     /// this call's fields (k, w; dv = u; dht = initial_state; has_h0 = output_final_state),
     /// not stage 4.
     pub forward: bool,
+    /// dtype of dht: float32 (validated) for stage 4; the forward scan's initial_state may
+    /// be 16-bit (fla's kernel casts it on load), a call the planner leaves to fla.
+    pub state_dtype: DType,
 }
 
 impl CallDesc {
@@ -547,6 +550,7 @@ pub fn validate_dtypes(a: &CallArgs, check_device: bool, dtypes: &Dtypes) -> Res
         layouts,
         device,
         forward: false,
+        state_dtype: DType::F32,
     })
 }
 
