@@ -40,8 +40,8 @@ What one case does (all in one process, on the same inputs):
 
 --fwd-h: kda-dhu's backend for fla's forward state scan, chunk_gated_delta_rule_fwd_h
 (fla.ops.common.chunk_delta_h; KDA's forward calls it, and its backward again to recompute
-h), is on in the "on" mode too: KDA_DHU_FWD_H=on while "on" runs, unset in "off" (without
---fwd-h it is unset in both: "on" is stage 4 alone). The forward is then checked as well:
+h), is on in the "on" mode too: KDA_DHU_FWD_H=on while "on" runs, off in "off" (without
+--fwd-h it is off in both: "on" is stage 4 alone). The forward is then checked as well:
 in each gradient check one more forward (no_grad) with both on, o and the final state
 compared with the off forward's by relative L2 error (over --tol fails). The forward scan
 is timed like stage 4, through the same wrapper bound to chunk_gated_delta_rule_fwd_h in
@@ -247,12 +247,12 @@ FWD_H_ON = False  # --fwd-h (set by main)
 def set_mode(mode: str) -> None:
     """kda-dhu's fla backend on for mode "kda_dhu" (FLA_KDA_DHU unset), off for any other
     (FLA_KDA_DHU=0); its forward scan on (KDA_DHU_FWD_H=on) only in "kda_dhu" under --fwd-h,
-    unset otherwise."""
+    off (KDA_DHU_FWD_H=off) otherwise."""
     set_backend(mode)
     if FWD_H_ON and mode == "kda_dhu":
         os.environ[FWD_H_ENV] = "on"
     else:
-        os.environ.pop(FWD_H_ENV, None)
+        os.environ[FWD_H_ENV] = "off"
 
 
 @contextlib.contextmanager
@@ -662,7 +662,7 @@ def case_failures(row: dict, tol: float) -> list:
                 + (
                     f"with both ops on ({per_fwd} forward-scan call(s) each)"
                     if fwd_h
-                    else f"({FWD_H_ENV} unset)"
+                    else f"({FWD_H_ENV} off)"
                 )
             )
     return out
@@ -917,10 +917,10 @@ def build_record(meta: dict, args, log_lines: list, rows: list, skipped: list, g
             "chunk_gated_delta_rule_bwd_dhu timed with CUDA events inside the backward; kernel "
             "launches counted by kda_dhu._core.launch_count()"
             + (
-                f"; fwd_h: {FWD_H_ENV}=on in 'kda_dhu' (unset in 'fla'), chunk_gated_delta_rule_fwd_h's "
+                f"; fwd_h: {FWD_H_ENV}=on in 'kda_dhu' (off in 'fla'), chunk_gated_delta_rule_fwd_h's "
                 "calls timed with CUDA events over whole steps (forward + backward), summed per step"
                 if args.fwd_h
-                else f"; {FWD_H_ENV} unset (fla's own forward scan in both modes)"
+                else f"; {FWD_H_ENV}=off (fla's own forward scan in both modes)"
             )
         ),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
@@ -992,7 +992,7 @@ def main(argv=None) -> int:
         "--fwd-h",
         action="store_true",
         help=f"the 'on' mode runs fla's forward scan (chunk_gated_delta_rule_fwd_h) on kda-dhu too "
-        f"({FWD_H_ENV}=on; unset in 'off'); times its calls per step and checks the forward",
+        f"({FWD_H_ENV}=on; off in 'off'); times its calls per step and checks the forward",
     )
     ap.add_argument(
         "--graph-probe",
@@ -1058,7 +1058,7 @@ def main(argv=None) -> int:
         )
     if os.environ.get(FWD_H_ENV) and not args.fwd_h:
         print(
-            f"e2e: warning: {FWD_H_ENV}={os.environ[FWD_H_ENV]!r} is set; ignored (unset in both modes) "
+            f"e2e: warning: {FWD_H_ENV}={os.environ[FWD_H_ENV]!r} is set; ignored (off in both modes) "
             "without --fwd-h",
             file=sys.stderr,
         )

@@ -14,7 +14,7 @@
 //! | `KDA_DHU_NO_AUTOREGISTER` | `1` | do not register kda-dhu in fla's backend registry on import |
 //! | `KDA_DHU_IMAGE` | `cuda12`, `cuda13` | the embedded kernel image a device loads (default: the newest its driver loads; same-run A/B measurements); read when a device first loads its kernels |
 //! | `KDA_DHU_IMAGE_FILE` | a path | a cubin loaded instead of the embedded image (development; the tests of an image a GPU cannot run); read when a device first loads its kernels |
-//! | `KDA_DHU_FWD_H` | `on` | fla's forward scan (`chunk_gated_delta_rule_fwd_h`) through kda-dhu's fla backend: its verifier accepts fwd_h calls on a CUDA device, its implementation runs the kernel where it covers the call (`kda_dhu._forward`); unset, fla runs its own (the default until the forward scan's records are in) |
+//! | `KDA_DHU_FWD_H` | `on`, `off` | the forward scan (fla's `chunk_gated_delta_rule_fwd_h`) on kda-dhu's kernel, the same on every route (`kda_dhu.chunk_gated_delta_rule_fwd_h`, its custom op, `patch()`, fla's registry, whose verifier declines while off): `on` the kernel where it covers the call, `off` fla's own function always; unset: `FWD_H_DEFAULT`. `KDA_DHU_FORCE` wins over it |
 //! | `FLA_KDA_DHU` | `0` | fla's own switch of this backend (read by fla) |
 
 use crate::error::{Error, Result};
@@ -70,7 +70,7 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
     (IMAGE, "cuda12|cuda13: the embedded kernel image (default: the newest the driver loads)"),
     (IMAGE_FILE, "path: a cubin loaded instead of the embedded image (development, tests)"),
-    (FWD_H, "on: fla's forward scan (fwd_h) through kda-dhu's fla backend (default: fla's own)"),
+    (FWD_H, "on|off: the forward scan (fwd_h) on kda-dhu's kernel on every route (unset: FWD_H_DEFAULT)"),
 ];
 
 /// The value of `name`, trimmed and lower-cased; None when unset (absent, "", "0", "auto").
@@ -92,6 +92,21 @@ pub fn force() -> Result<Option<Force>> {
         Some(v) => Force::parse(&v)
             .map(Some)
             .ok_or_else(|| Error::value(FORCE, format!("expected 'kernel', 'fla' or unset, got {v:?}"))),
+    }
+}
+
+/// Whether the forward scan runs kda-dhu's kernel while `KDA_DHU_FWD_H` is unset.
+pub const FWD_H_DEFAULT: bool = true;
+
+/// `KDA_DHU_FWD_H`: `on` / `1` true, `off` / `0` false, unset (absent, "", "auto")
+/// `FWD_H_DEFAULT`; another value is an error naming the switch.
+pub fn fwd_h() -> Result<bool> {
+    let Ok(raw) = std::env::var(FWD_H) else { return Ok(FWD_H_DEFAULT) };
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "" | "auto" => Ok(FWD_H_DEFAULT),
+        "on" | "1" => Ok(true),
+        "off" | "0" => Ok(false),
+        v => Err(Error::value(FWD_H, format!("expected 'on', 'off' or unset, got {v:?}"))),
     }
 }
 
@@ -144,6 +159,24 @@ pub fn no_exchange_api() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_forward_scan_s_switch() {
+        // SAFETY (edition 2021: set_var is safe): no other Rust test reads it.
+        std::env::remove_var(FWD_H);
+        assert_eq!(fwd_h().unwrap(), FWD_H_DEFAULT);
+        for (v, want) in [("on", true), (" ON ", true), ("1", true), ("off", false), ("0", false)] {
+            std::env::set_var(FWD_H, v);
+            assert_eq!(fwd_h().unwrap(), want, "{v:?}");
+        }
+        for v in ["", "auto"] {
+            std::env::set_var(FWD_H, v);
+            assert_eq!(fwd_h().unwrap(), FWD_H_DEFAULT, "{v:?}");
+        }
+        std::env::set_var(FWD_H, "yes");
+        assert_eq!(fwd_h().unwrap_err().to_string(), "KDA_DHU_FWD_H: expected 'on', 'off' or unset, got \"yes\"");
+        std::env::remove_var(FWD_H);
+    }
 
     #[test]
     fn unset_values() {

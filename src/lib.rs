@@ -771,6 +771,7 @@ impl FwdObjects<'_, '_> {
 /// final_state or None) as fla does. Returns None where the call is fla's to run: a tensor
 /// argument that is not a plain torch.Tensor or is in host memory, an input to copy first
 /// (not packed), a 16-bit initial_state, a packed batch without chunk_indices, no chunks, KDA_DHU_FORCE=fla,
+/// KDA_DHU_FWD_H off (`fwd_h_on`; KDA_DHU_FORCE=kernel wins over it),
 /// KDA_DHU_CHECK_INPUTS=1 with a packed batch, the planner's fallback, a device that
 /// cannot run the kernel image. Raises TypeError / ValueError naming the argument for
 /// input neither takes (and first a bad packed batch that a kernel on that device found
@@ -826,6 +827,9 @@ fn py_fwd_h_run<'py>(
         guard(|| forward::validate(&a, false).map(|_| ()))?; // bad input is named on every route
         return Ok(None);
     }
+    if sw.force.is_none() && !guard(env::fwd_h)? {
+        return Ok(None); // KDA_DHU_FWD_H off: fla's own forward scan
+    }
     let (prepared, plan) = guard(|| launch::Prepared::new_forward(&a, Rule::Extended))?;
     let copies = prepared.desc.copies();
     let why_not: Option<String> = match &plan {
@@ -862,6 +866,14 @@ fn py_fwd_h_run<'py>(
     let (h, final_state, v_new) = outs;
     let v_new = if a.save_new_value { v_new } else { none() };
     Ok(Some(pyo3::types::PyTuple::new(py, [h, v_new, final_state.unwrap_or_else(none)])?))
+}
+
+/// Whether the forward scan runs kda-dhu's kernel now (`KDA_DHU_FWD_H`, else
+/// `env::FWD_H_DEFAULT`): what fla's registry verifier and `fwd_h_run` ask. Raises
+/// ValueError naming the switch for a value other than on / off / 1 / 0 / auto / "".
+#[pyfunction]
+fn fwd_h_on() -> PyResult<bool> {
+    guard(env::fwd_h)
 }
 
 /// The forward scan's arguments in fla's order, (name, default's Python repr or None for a
@@ -1112,6 +1124,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_launch, m)?)?;
     m.add_function(wrap_pyfunction!(py_fwd_h_probe, m)?)?;
     m.add_function(wrap_pyfunction!(py_fwd_h_run, m)?)?;
+    m.add_function(wrap_pyfunction!(fwd_h_on, m)?)?;
     m.add_function(wrap_pyfunction!(fwd_h_arguments, m)?)?;
     m.add_function(wrap_pyfunction!(py_run, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_intake, m)?)?;

@@ -1,12 +1,16 @@
-"""kda-dhu: fla's stage 4 (``chunk_gated_delta_rule_bwd_dhu``) as a CUDA kernel for Hopper
-(sm_90a: TMA + wgmma) and Blackwell (sm_100a: tcgen05 + TMEM, behind a self-check).
+"""kda-dhu: fla's state scans of the chunked gated delta rule as CUDA kernels: stage 4 of
+the backward (``chunk_gated_delta_rule_bwd_dhu``) for Hopper (sm_90a: TMA + wgmma) and
+Blackwell (sm_100a: tcgen05 + TMEM, behind a self-check), and the forward scan
+(``chunk_gated_delta_rule_fwd_h``) for Hopper.
 
 Public API:
     chunk_gated_delta_rule_bwd_dhu(...)  fla's full signature; kernel where it covers the call
+    chunk_gated_delta_rule_fwd_h(...)    the forward scan, fla's full signature (KDA_DHU_FWD_H)
     kda_dhu_b2a(...)                     positional KDA form (qg, kg, w, g2, ...), narrow rule
-    chunk_gated_delta_rule_bwd_dhu_op()  the same through a torch custom op (torch.compile)
+    chunk_gated_delta_rule_bwd_dhu_op()  stage 4 through a torch custom op (torch.compile)
+    chunk_gated_delta_rule_fwd_h_op()    the forward scan through its custom op
     plan_call(...), plan_b2a(...)        the planner's verdict (kernel or fallback, and why)
-    patch(), unpatch(), patched()        reversible monkeypatch of fla's modules
+    patch(), unpatch(), patched()        reversible monkeypatch of fla's modules (both scans)
     register_backend()                   kda-dhu as a backend in fla's registry (fla >= 0.6)
     reference                            float64 implementation of the recurrence (SPEC.md)
     testing                              random inputs and checks for tests
@@ -17,8 +21,9 @@ Public API:
 their module on first access (once; afterwards they are plain module attributes), and
 the fla backend is registered when fla's stage-4 module is imported, before fla's first
 stage-4 call, whichever of the two packages is imported first (``_autoregister``).
-``torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu`` exists once the custom op's module
-is imported: through ``chunk_gated_delta_rule_bwd_dhu_op`` or ``import kda_dhu.ops``.
+``torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu`` and ``..._fwd_h`` exist once the custom
+ops' module is imported: through ``chunk_gated_delta_rule_bwd_dhu_op`` /
+``chunk_gated_delta_rule_fwd_h_op`` or ``import kda_dhu.ops``.
 
 Environment switches: one table, in the core that reads them (src/env.rs), listed with
 their current values by ``kda_dhu._core.switches()`` and ``python -m kda_dhu --doctor``.
@@ -44,6 +49,8 @@ _LAZY = {
     "register_backend": "fla_backend",
     "unregister_backend": "fla_backend",
     "chunk_gated_delta_rule_bwd_dhu_op": "ops",
+    "chunk_gated_delta_rule_fwd_h": "_forward",
+    "chunk_gated_delta_rule_fwd_h_op": "ops",
 }
 # Submodules reachable as attributes without an import of their own.
 _SUBMODULES = ("reference", "testing", "bench", "ops", "fla_backend", "doctor", "_dispatch")
@@ -79,8 +86,10 @@ _autoregister.install()
 
 __all__ = [
     "chunk_gated_delta_rule_bwd_dhu",
+    "chunk_gated_delta_rule_fwd_h",
     "kda_dhu_b2a",
     "chunk_gated_delta_rule_bwd_dhu_op",
+    "chunk_gated_delta_rule_fwd_h_op",
     "plan_call",
     "plan_b2a",
     "fla_function",

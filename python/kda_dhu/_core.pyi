@@ -256,6 +256,10 @@ def fwd_h_run(
     TypeError / ValueError naming the argument; RuntimeError for KDA_DHU_FORCE=kernel where
     the kernel does not run the call. Does not synchronize."""
 
+def fwd_h_on() -> bool:
+    """Whether the forward scan runs kda-dhu's kernel now: KDA_DHU_FWD_H on / off, unset
+    its default (src/env.rs). ValueError naming the switch for another value."""
+
 def fwd_h_arguments() -> list[tuple[str, str | None]]:
     """fla's chunk_gated_delta_rule_fwd_h arguments in order, (name, default's repr or None)."""
 

@@ -1,5 +1,5 @@
-"""What kda-dhu takes from fla: its own stage-4 function (the fallback) and its cached
-chunk count of a packed batch.
+"""What kda-dhu takes from fla: its own stage-4 and forward-scan functions (the
+fallbacks) and its cached chunk count of a packed batch.
 
 Imports nothing else of kda-dhu's, so that the dispatcher, the patch and the backend can
 all ask it (the patch hands it fla's original function before rebinding the name).
@@ -21,16 +21,39 @@ from . import _fla_compat
 
 SOURCE = "fla.ops.common.chunk_delta_h"
 NAME = "chunk_gated_delta_rule_bwd_dhu"
+FWD_H = "chunk_gated_delta_rule_fwd_h"  # the forward scan, in the same module
 
 _fla_fn = None
-_original = None  # fla's function as kda_dhu.patch found it, before rebinding the name
+_fla_fwd_h_fn = None
+# fla's functions as kda_dhu.patch found them, by name, before it rebound the names
+_originals: dict = {}
 
 
-def remember_original(fn) -> None:
-    """Called by ``kda_dhu.patch`` before it rebinds fla's name: fla's function as it was."""
-    global _original
-    if _original is None and not getattr(fn, "_kda_dhu_entry", False):
-        _original = fn
+def remember_original(fn, name: str = NAME) -> None:
+    """Called by ``kda_dhu.patch`` before it rebinds fla's ``name`` in SOURCE: fla's
+    function as it was."""
+    if name not in _originals and not getattr(fn, "_kda_dhu_entry", False):
+        _originals[name] = fn
+
+
+def _found(mod, name: str):
+    """fla's ``name`` in SOURCE, or the original kda_dhu.patch replaced there."""
+    found = mod.__dict__.get(name)
+    if getattr(found, "_kda_dhu_entry", False):
+        if name not in _originals:
+            raise RuntimeError(f"{SOURCE}.{name} holds kda_dhu's function, not put there by kda_dhu.patch")
+        found = _originals[name]
+    return found
+
+
+def _import_source(what: str):
+    try:
+        return importlib.import_module(SOURCE)  # may re-enter (see the module's docstring)
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"kda_dhu falls back to flash-linear-attention for {what} its kernel does "
+            "not cover, and fla is not importable: pip install fla-core"
+        ) from err
 
 
 def fla_function():
@@ -48,23 +71,27 @@ def fla_function():
     fn = _fla_fn
     if fn is not None:
         return fn
-    try:
-        mod = importlib.import_module(SOURCE)  # may re-enter this function (see the module's docstring)
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "kda_dhu falls back to flash-linear-attention for calls its kernel does "
-            "not cover, and fla is not importable: pip install fla-core"
-        ) from err
-    found = mod.__dict__.get(NAME)
-    if getattr(found, "_kda_dhu_entry", False):
-        if _original is None:
-            raise RuntimeError(f"{SOURCE}.{NAME} holds kda_dhu's dispatcher, not put there by kda_dhu.patch")
-        found = _original
+    found = _found(_import_source("calls"), NAME)
     # an fla too old for the fallback's call raises here (FlaVersionError)
     fn = _fla_compat.adapt(inspect.unwrap(found))
     if _fla_fn is None:
         _fla_fn = fn
     return _fla_fn
+
+
+def fla_fwd_h_function():
+    """fla's own ``chunk_gated_delta_rule_fwd_h`` (the forward scan), undecorated: under
+    fla's backend-dispatch wrapper, so that a call handed to fla never routes back into
+    kda-dhu's backend or patch. Raises ImportError if fla is not installed, RuntimeError as
+    :func:`fla_function`."""
+    global _fla_fwd_h_fn
+    fn = _fla_fwd_h_fn
+    if fn is not None:
+        return fn
+    fn = inspect.unwrap(_found(_import_source("forward-scan calls"), FWD_H))
+    if _fla_fwd_h_fn is None:
+        _fla_fwd_h_fn = fn
+    return _fla_fwd_h_fn
 
 
 def chunk_count(cu_seqlens, T: int) -> int:

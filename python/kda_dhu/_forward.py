@@ -4,42 +4,18 @@ FWD instance, cuda/dhu_sm90_regstate.cuh).
 
 The call is read, validated, planned and launched in one crossing (``_core.fwd_h_run``,
 src/forward.rs); every call it leaves to fla (see there: inputs to copy, a packed batch
-without chunk_indices, the planner's fallback, ...) runs fla's own function with the same
-arguments; inputs in host memory run ``_cpu`` (the float64 reference with fla's casts).
-Not yet in ``kda_dhu.patch`` (stage 4's is; fla's registry takes it under KDA_DHU_FWD_H=on), and not yet a
-public name of the package: its GPU tests (tests/gpu/test_gpu_fwd_h_kernel.py) have run on
-the kernel through ``_core._fwd_h_probe``, not yet through this function.
+without chunk_indices, a 16-bit initial_state, the planner's fallback, KDA_DHU_FWD_H off,
+...) runs fla's own function with the same arguments; inputs in host memory run ``_cpu``
+(the float64 reference with fla's casts). Public as ``kda_dhu.chunk_gated_delta_rule_fwd_h``;
+``kda_dhu.patch()`` and fla's registry (``kda_dhu.fla_backend``) route fla's name here.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-
 import torch
 
 from ._dispatch import _device_ctx, _require_core
-
-SOURCE = "fla.ops.common.chunk_delta_h"
-NAME = "chunk_gated_delta_rule_fwd_h"
-
-_fla_fn = None
-
-
-def fla_fwd_h_function():
-    """fla's own ``chunk_gated_delta_rule_fwd_h``, undecorated (under fla's backend-dispatch
-    wrapper). Raises ImportError if fla is not installed."""
-    global _fla_fn
-    if _fla_fn is None:
-        try:
-            mod = importlib.import_module(SOURCE)
-        except ImportError as err:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "kda_dhu runs fla's forward scan for calls its kernel does not cover, and fla is not "
-                "importable: pip install fla-core"
-            ) from err
-        _fla_fn = inspect.unwrap(getattr(mod, NAME))
-    return _fla_fn
+from ._fla import fla_fwd_h_function
 
 
 def chunk_gated_delta_rule_fwd_h(
@@ -72,7 +48,8 @@ def chunk_gated_delta_rule_fwd_h(
         g: [B, T, HV] fp32 scalar log2-space gate, chunk-local cumsum (GDN), or None.
         gk: [B, T, HV, K] fp32 per-key log2-space gate, chunk-local cumsum (KDA), or None;
             only the last row of each chunk is read.
-        initial_state: fp32 [N, HV, K, V] ([N, HV, V, K] with state_v_first), or None (zeros).
+        initial_state: fp32 [N, HV, K, V] ([N, HV, V, K] with state_v_first), or None (zeros);
+            a bf16 / fp16 one (fla casts it on load) runs fla's function.
         output_final_state: return the state after the last chunk.
         chunk_size: 64 on the kernel path (fla handles others).
         save_new_value: return v_new (the kernel writes it either way).
@@ -96,9 +73,10 @@ def chunk_gated_delta_rule_fwd_h(
         RuntimeError: a CUDA driver or launch failure; KDA_DHU_FORCE=kernel on a call the
             kernel does not run.
 
-    Runs the kernel where ``_core.fwd_h_run`` plans it, else fla's own function with the
-    same arguments, so results match fla's to rounding either way (bit for bit where
-    measured: benches/NOTES.md).
+    Runs the kernel where ``_core.fwd_h_run`` plans it and the forward scan is on
+    (KDA_DHU_FWD_H, src/env.rs), else fla's own function with the same arguments, so
+    results match fla's to rounding either way (bit for bit where measured:
+    benches/NOTES.md).
     """
     with _device_ctx(k):
         out = _require_core().fwd_h_run(

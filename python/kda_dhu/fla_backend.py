@@ -132,13 +132,17 @@ FWD_H_SWITCH = "KDA_DHU_FWD_H"
 
 
 def _fwd_h_verdict(args: tuple, kwargs: dict) -> tuple[bool, str | None]:
-    """The forward scan's verdict: accepted under KDA_DHU_FWD_H=on for k on a CUDA device
-    (the implementation decides kernel or fla's function per call, as the direct entry
-    point does); else rejected with the reason, and fla runs its own."""
+    """The forward scan's verdict: accepted for k on a CUDA device while the forward scan is
+    on (``_core.fwd_h_on()``: KDA_DHU_FWD_H, else its default; KDA_DHU_FORCE=kernel wins,
+    =fla declines), the implementation deciding kernel or fla's function per call as the
+    direct entry point does; else declined with the reason, and fla runs its own."""
     from . import _core
 
-    if _core.switch(FWD_H_SWITCH) != "on":
-        return False, f"{FWD_H_SWITCH} is not on (fla's own forward scan)"
+    force = _core.force()
+    if force == "fla":
+        return False, "KDA_DHU_FORCE=fla (fla's own forward scan)"
+    if force is None and not _core.fwd_h_on():
+        return False, f"{FWD_H_SWITCH} is off (fla's own forward scan)"
     k = args[0] if args else kwargs.get("k")
     if not getattr(k, "is_cuda", False):
         return False, "k is not a CUDA tensor"

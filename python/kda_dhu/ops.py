@@ -1,6 +1,8 @@
-"""kda-dhu as a torch custom op, for torch.compile and graph capture.
+"""kda-dhu as torch custom ops, for torch.compile and graph capture.
 
-``torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu`` is registered with torch.library
+``torch.ops.kda_dhu.chunk_gated_delta_rule_bwd_dhu`` (stage 4) and
+``torch.ops.kda_dhu.chunk_gated_delta_rule_fwd_h`` (the forward scan; at the end of this
+module, the same way) are registered with torch.library
 (schema below) with a fake (meta) implementation, so ``torch.compile(fullgraph=True)``
 traces through it instead of breaking the graph on the DLPack / driver calls inside.
 It is ``kda_dhu.chunk_gated_delta_rule_bwd_dhu``: on CUDA tensors the kernel or fla, as
@@ -194,3 +196,119 @@ def chunk_gated_delta_rule_bwd_dhu_op(
         q, k, w, do, dv, g, gk, h0, dht, scale, state_v_first, cu_seqlens, chunk_indices, chunk_offsets
     )
     return dh, (dh0 if h0 is not None else None), dv2
+
+
+# ---- the forward scan (fla's chunk_gated_delta_rule_fwd_h): kda_dhu.chunk_gated_delta_rule_fwd_h
+
+
+def _flag(name: str, value) -> bool:
+    """A bool argument of the forward op's schema, checked by name as the eager function's
+    validator does (a Python or numpy bool)."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if not (isinstance(value, bool) or numpy_bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+@torch.library.custom_op("kda_dhu::chunk_gated_delta_rule_fwd_h", mutates_args=())
+def _fwd_h_op(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor | None,
+    gk: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    save_new_value: bool,
+    state_v_first: bool,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+    chunk_indices: torch.Tensor | None,
+    chunk_offsets: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from ._forward import chunk_gated_delta_rule_fwd_h
+
+    h, v_new, final_state = chunk_gated_delta_rule_fwd_h(
+        k, w, u, g=g, gk=gk, initial_state=initial_state, output_final_state=output_final_state, chunk_size=BT,
+        save_new_value=save_new_value, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+    )  # fmt: skip
+    if v_new is None:
+        v_new = u.new_empty(0)
+    if final_state is None:
+        final_state = k.new_empty(0, dtype=torch.float32)
+    return h, v_new, final_state
+
+
+@_fwd_h_op.register_fake
+def _fwd_h_op_fake(
+    k, w, u, g, gk, initial_state, output_final_state, save_new_value, state_v_first, cu_seqlens, cu_seqlens_cpu,
+    chunk_indices, chunk_offsets,
+):  # fmt: skip
+    B, T, _, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    if cu_seqlens is None:
+        N, NT = B, (T + BT - 1) // BT
+    else:
+        N = cu_seqlens.shape[0] - 1
+        # the chunk count of a packed batch without fla's table depends on cu_seqlens' values
+        NT = (
+            chunk_indices.shape[0]
+            if chunk_indices is not None
+            else torch.library.get_ctx().new_dynamic_size()
+        )
+    state = (HV, V, K) if state_v_first else (HV, K, V)
+    h = k.new_empty((B, NT, *state))
+    v_new = u.new_empty(u.shape) if save_new_value else u.new_empty(0)
+    final_state = (
+        k.new_empty((N, *state), dtype=torch.float32)
+        if output_final_state
+        else k.new_empty(0, dtype=torch.float32)
+    )
+    return h, v_new, final_state
+
+
+def chunk_gated_delta_rule_fwd_h_op(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    save_new_value: bool = True,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
+    chunk_offsets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``kda_dhu.chunk_gated_delta_rule_fwd_h`` through the custom op
+    ``torch.ops.kda_dhu.chunk_gated_delta_rule_fwd_h`` (torch.compile-able, CUDA graphs:
+    the kernel route neither synchronizes nor allocates outside torch).
+
+    Same arguments, shapes and results (h, v_new or None, final_state or None) as the
+    eager function; chunk_size must be 64 (the op's schema fixes it). Raises TypeError /
+    ValueError naming the argument otherwise, and whatever the eager function raises.
+    """
+    from ._forward import chunk_gated_delta_rule_fwd_h
+
+    tensors = (k, w, u, g, gk, initial_state, cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_offsets)
+    if any(t is not None and not isinstance(t, torch.Tensor) for t in tensors) or not isinstance(
+        k, torch.Tensor
+    ):
+        # not tensors where the schema wants them: the eager function names the argument
+        return chunk_gated_delta_rule_fwd_h(
+            k, w, u, g=g, gk=gk, initial_state=initial_state, output_final_state=output_final_state,
+            chunk_size=chunk_size, save_new_value=save_new_value, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+            cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+        )  # fmt: skip
+    _, state_v_first = _op_scalars(1.0, state_v_first, chunk_size)
+    output_final_state = _flag("output_final_state", output_final_state)
+    save_new_value = _flag("save_new_value", save_new_value)
+    h, v_new, final_state = torch.ops.kda_dhu.chunk_gated_delta_rule_fwd_h(
+        k, w, u, g, gk, initial_state, output_final_state, save_new_value, state_v_first, cu_seqlens, cu_seqlens_cpu,
+        chunk_indices, chunk_offsets,
+    )  # fmt: skip
+    return h, (v_new if save_new_value else None), (final_state if output_final_state else None)

@@ -1,4 +1,4 @@
-"""Drop-in monkeypatch of fla's stage 4 for any fla version.
+"""Drop-in monkeypatch of fla's stage 4 and forward scan for any fla version.
 
 fla's ops import the function by name
 (``from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu`` in
@@ -11,7 +11,13 @@ itself so that modules imported later pick up the replacement too.  It first imp
 the fla modules known to use the function, so they bind fla's original before the
 patch and are rebound with the rest.
 
-Every replacement is recorded as (module, previous object, new object); :func:`unpatch`
+The forward scan, ``chunk_gated_delta_rule_fwd_h`` (same module; imported by name in
+``fla.ops.kda.chunk_fwd``, ``chunk_bwd`` and the same family), is rebound the same way to
+``kda_dhu.chunk_gated_delta_rule_fwd_h`` where fla's function has the parameters that
+function takes, in its order (fla-core 0.6's; an older fla keeps its own): that function
+runs the kernel or fla's own as ``KDA_DHU_FWD_H`` says, per call.
+
+Every replacement is recorded as (module, name, previous object, new object); :func:`unpatch`
 puts back exactly the previous objects (``is``-identical), and only where the module
 still holds our replacement (a name someone else rebound since is left alone).
 
@@ -43,6 +49,7 @@ __all__ = ["patch", "unpatch", "patched", "is_patched", "patched_modules", "orig
 logger = logging.getLogger(__name__)
 
 NAME = "chunk_gated_delta_rule_bwd_dhu"
+FWD_H = _fla.FWD_H  # chunk_gated_delta_rule_fwd_h
 SOURCE = "fla.ops.common.chunk_delta_h"
 
 # fla modules that import the function by name (fla 0.5 - 0.6 layouts); a missing one
@@ -51,6 +58,7 @@ _KNOWN_USERS = (
     "fla.ops.common.chunk_delta_h",
     "fla.ops.kda",
     "fla.ops.kda.chunk",
+    "fla.ops.kda.chunk_fwd",
     "fla.ops.kda.chunk_bwd",
     "fla.ops.gated_delta_rule",
     "fla.ops.gated_delta_rule.chunk",
@@ -59,6 +67,7 @@ _KNOWN_USERS = (
     "fla.ops.comba",
     "fla.ops.comba.chunk",
     "fla.ops.gdn2",
+    "fla.ops.gdn2.chunk_fwd",
     "fla.ops.gdn2.chunk_bwd",
     "fla.ops.precond_kda",
     "fla.ops.precond_kda.chunk",
@@ -70,8 +79,8 @@ _KNOWN_USERS = (
 )
 
 _lock = threading.Lock()  # guards _records; never held across an import
-# (module, previous object, replacement), in the order they were made
-_records: list[tuple[ModuleType, Any, Any]] = []
+# (module, name, previous object, replacement), in the order they were made
+_records: list[tuple[ModuleType, str, Any, Any]] = []
 
 
 def _dispatch_module() -> ModuleType:
@@ -108,41 +117,65 @@ def _fla_modules() -> list[ModuleType]:
     ]
 
 
-def _prepare():
-    """(fla's original function, kda-dhu's dispatcher), with every fla module that uses the
-    function imported. Imports only, so called holding no lock: fla's stage-4 import runs
-    kda-dhu's registration hook, and a lock held across it could wait on itself."""
+def _forward_target():
+    """(fla's original forward scan, kda-dhu's) where fla's has the parameters kda-dhu's
+    takes, in its order; else None (an fla whose callers could pass what ours does not
+    take: they keep fla's)."""
+    try:
+        original = inspect.unwrap(_fla.fla_fwd_h_function())
+        params = list(inspect.signature(original).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError, RuntimeError) as error:
+        logger.debug("kda_dhu.patch: %s left to fla (%s: %s)", FWD_H, type(error).__name__, error)
+        return None
+    from ._core import fwd_h_arguments
+
+    if params != [name for name, _ in fwd_h_arguments()]:
+        logger.debug("kda_dhu.patch: %s left to fla (its parameters %s)", FWD_H, params)
+        return None
+    return original, importlib.import_module("kda_dhu._forward").chunk_gated_delta_rule_fwd_h
+
+
+def _prepare() -> dict:
+    """{name: (fla's original function, kda-dhu's)} (stage 4, and the forward scan where
+    fla's takes kda-dhu's parameters), with every fla module that uses them imported.
+    Imports only, so called holding no lock: fla's stage-4 import runs kda-dhu's
+    registration hook, and a lock held across it could wait on itself."""
     dispatch = _dispatch_module()
     # Raises ImportError without fla, FlaVersionError (an ImportError) for an fla too
     # old for kda-dhu's fallback: before anything is rebound.
-    original = inspect.unwrap(dispatch.fla_function())
-    ours = dispatch.chunk_gated_delta_rule_bwd_dhu
+    targets = {NAME: (inspect.unwrap(dispatch.fla_function()), dispatch.chunk_gated_delta_rule_bwd_dhu)}
+    forward = _forward_target()
+    if forward is not None:
+        targets[FWD_H] = forward
     _import_known_users()
-    return original, ours
+    return targets
 
 
-def _rebind(original, ours) -> int:
-    """Rebinds the name in every imported fla module holding fla's function; under _lock."""
+def _rebind(targets: dict) -> int:
+    """Rebinds each name in every imported fla module holding fla's function; under _lock."""
     count = 0
     for module in _fla_modules():
-        current = module.__dict__.get(NAME)
-        if current is None or current is ours or not _wraps_target(current, original):
-            continue
-        if module.__name__ == SOURCE:
-            _fla.remember_original(current)
-        setattr(module, NAME, ours)
-        _records.append((module, current, ours))
-        count += 1
-        logger.debug("kda_dhu.patch: %s.%s -> kda_dhu", module.__name__, NAME)
+        for name, (original, ours) in targets.items():
+            current = module.__dict__.get(name)
+            if current is None or current is ours or not _wraps_target(current, original):
+                continue
+            if module.__name__ == SOURCE:
+                _fla.remember_original(current, name)
+            setattr(module, name, ours)
+            _records.append((module, name, current, ours))
+            count += 1
+            logger.debug("kda_dhu.patch: %s.%s -> kda_dhu", module.__name__, name)
     if not _records:
         logger.warning("kda_dhu.patch: no fla module holds %s; nothing patched", NAME)
     return count
 
 
 def patch() -> int:
-    """Route fla's stage 4 to ``kda_dhu._dispatch.chunk_gated_delta_rule_bwd_dhu``.
+    """Route fla's stage 4 to ``kda_dhu.chunk_gated_delta_rule_bwd_dhu`` and its forward
+    scan to ``kda_dhu.chunk_gated_delta_rule_fwd_h`` (where fla's takes that function's
+    parameters; KDA_DHU_FWD_H decides per call whether it runs the kernel).
 
-    Imports fla's modules that use the function, then rebinds the name in every
+    Imports fla's modules that use the functions, then rebinds the names in every
     imported ``fla.*`` module that holds fla's function.  Idempotent: a second call
     only picks up fla modules imported (with fla's function) since the first. Safe as
     the first thing a process does (fla imported or not) and from several threads.
@@ -152,9 +185,9 @@ def patch() -> int:
     its subclass ``kda_dhu._fla_compat.FlaVersionError`` if fla's stage 4 lacks
     parameters the fallback passes (an fla older than 0.5.2), naming them.
     """
-    original, ours = _prepare()
+    targets = _prepare()
     with _lock:
-        return _rebind(original, ours)
+        return _rebind(targets)
 
 
 def unpatch() -> int:
@@ -166,13 +199,13 @@ def unpatch() -> int:
     """
     with _lock:
         count = 0
-        for module, previous, replacement in reversed(_records):
-            if module.__dict__.get(NAME) is replacement:
-                setattr(module, NAME, previous)
+        for module, name, previous, replacement in reversed(_records):
+            if module.__dict__.get(name) is replacement:
+                setattr(module, name, previous)
                 count += 1
             else:
                 logger.warning(
-                    "kda_dhu.unpatch: %s.%s was rebound by someone else; left as is", module.__name__, NAME
+                    "kda_dhu.unpatch: %s.%s was rebound by someone else; left as is", module.__name__, name
                 )
         _records.clear()
         return count
@@ -188,10 +221,10 @@ def is_patched() -> bool:
 def patched() -> Iterator[None]:
     """Context manager: :func:`patch` on entry; on exit (exceptions included) undo it,
     unless fla was already patched on entry (then the outer patch stays)."""
-    original, ours = _prepare()
+    targets = _prepare()
     with _lock:
         was_patched = bool(_records)
-        _rebind(original, ours)
+        _rebind(targets)
     try:
         yield
     finally:
@@ -199,10 +232,11 @@ def patched() -> Iterator[None]:
             unpatch()
 
 
-def patched_modules() -> list[str]:
-    """Names of the fla modules currently rebound (for diagnostics and tests)."""
+def patched_modules(name: str = NAME) -> list[str]:
+    """Names of the fla modules whose ``name`` (stage 4's by default, or
+    ``"chunk_gated_delta_rule_fwd_h"``) is currently rebound (for diagnostics and tests)."""
     with _lock:
-        return [module.__name__ for module, _, _ in _records]
+        return [module.__name__ for module, n, _, _ in _records if n == name]
 
 
 def original_function() -> Any:
@@ -214,8 +248,8 @@ def original_function() -> Any:
     Raises ImportError without fla, RuntimeError if the module holds kda_dhu's
     dispatcher but this module did not put it there.
     """
-    for module, previous, _ in list(_records):
-        if module.__name__ == SOURCE:
+    for module, name, previous, _ in list(_records):
+        if module.__name__ == SOURCE and name == NAME:
             return previous
     module = importlib.import_module(SOURCE)
     current = module.__dict__.get(NAME)

@@ -10,6 +10,7 @@ reference that models fla's two operand casts, and no farther from it than fla i
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 import pytest
@@ -123,11 +124,18 @@ def test_forward_kernel_is_deterministic(rng):
         assert torch.equal(x, y)
 
 
-# ---- the entry point, kda_dhu._forward.chunk_gated_delta_rule_fwd_h (src/forward.rs)
+# ---- the entry point, kda_dhu.chunk_gated_delta_rule_fwd_h (src/forward.rs)
+
+
+@pytest.fixture(autouse=True)
+def _forward_scan_on(monkeypatch):
+    """The forward scan on (KDA_DHU_FWD_H=on), whatever its default; tests of the switch
+    set it themselves."""
+    monkeypatch.setenv("KDA_DHU_FWD_H", "on")
 
 
 def _public(a: dict, **extra):
-    from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
+    from kda_dhu import chunk_gated_delta_rule_fwd_h
 
     before = _core.launch_count()
     out = chunk_gated_delta_rule_fwd_h(**a, **extra)
@@ -195,8 +203,8 @@ def test_calls_the_kernel_leaves_to_fla_match_fla(rng, monkeypatch):
 
 def test_fla_s_registry_runs_the_kernel_under_the_switch(rng, monkeypatch):
     """fla's own (decorated) chunk_gated_delta_rule_fwd_h: with KDA_DHU_FWD_H=on its
-    dispatch takes kda-dhu's backend (one launch, the entry point's results); unset, fla's
-    own kernel runs (no launch)."""
+    dispatch takes kda-dhu's backend (one launch, the entry point's results); off, fla's
+    own kernel runs (no launch), and so does the entry point."""
     import fla.ops.common.chunk_delta_h as mod
     from kda_dhu import fla_backend
 
@@ -211,10 +219,53 @@ def test_fla_s_registry_runs_the_kernel_under_the_switch(rng, monkeypatch):
     want, _ = _public(a, output_final_state=True)
     for x, y in zip(got, want):
         assert torch.equal(x, y)
-    monkeypatch.delenv("KDA_DHU_FWD_H")
+    monkeypatch.setenv("KDA_DHU_FWD_H", "off")
     before = _core.launch_count()
-    mod.chunk_gated_delta_rule_fwd_h(**a, output_final_state=True)
+    off = mod.chunk_gated_delta_rule_fwd_h(**a, output_final_state=True)
     assert _core.launch_count() == before
+    out, launches = _public(a, output_final_state=True)
+    assert launches == 0
+    for x, y in zip(off, out):
+        assert torch.equal(x, y)
+
+
+def test_patch_routes_fla_s_forward_scan_to_the_kernel(rng):
+    """kda_dhu.patched(): fla's KDA forward module's name runs the kernel (one launch, the
+    entry point's results); after it, fla's own again (no launch)."""
+    import fla.ops.kda.chunk_fwd as kda_fwd
+    import kda_dhu
+
+    a = _forward_args("gk", rng)
+    want, _ = _public(a, output_final_state=True)
+    with kda_dhu.patched():
+        before = _core.launch_count()
+        got = kda_fwd.chunk_gated_delta_rule_fwd_h(**a, output_final_state=True)
+        torch.cuda.synchronize()
+        assert _core.launch_count() - before == 1
+    for x, y in zip(got, want):
+        assert torch.equal(x, y)
+    from kda_dhu import fla_backend
+
+    was = fla_backend.is_registered()
+    kda_dhu.unregister_backend()  # fla's registry would route the name to the kernel too
+    try:
+        before = _core.launch_count()
+        kda_fwd.chunk_gated_delta_rule_fwd_h(**a, output_final_state=True)
+        torch.cuda.synchronize()
+        assert _core.launch_count() == before
+    finally:
+        if was:
+            kda_dhu.register_backend()
+
+
+def test_a_16_bit_initial_state_runs_fla_s_function(rng):
+    """fla casts a bf16 initial_state on load; the kernel reads fp32: fla runs the call."""
+    a = _forward_args("gk", rng)
+    a["initial_state"] = a["initial_state"].to(torch.bfloat16)
+    out, launches = _public(a, output_final_state=True)
+    assert launches == 0
+    for x, y in zip(out, _fla_fwd_h()(**a, output_final_state=True)):
+        assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("case", ["gk", "g", "none", "gk-varlen-padded", "gk-svf", "gk-no-state"])
@@ -234,3 +285,47 @@ def test_the_two_warpgroup_forward_kernel_matches_one_warpgroup(case, rng, monke
             continue
         assert bool(torch.isfinite(y).all()), f"{name}: left unwritten"
         assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("route", ["entry-dense", "entry-varlen", "registry-dense", "patch-varlen"])
+def test_no_forward_route_synchronizes_the_host(rng, route):
+    """After a warm-up call, a call returns while a sleep queued ahead of it still runs,
+    under sync debug mode "error", with one kernel launch: the entry point, fla's registry
+    and the patched name, dense and packed (fla's chunk tables)."""
+    import fla.ops.common.chunk_delta_h as mod
+    import kda_dhu
+    from kda_dhu import fla_backend
+    from kda_dhu.testing import chunk_tables
+
+    a = _forward_args("gk" if route.endswith("dense") else "gk-varlen-padded", rng)
+    if a["cu_seqlens"] is not None:
+        a["chunk_indices"], a["chunk_offsets"] = chunk_tables(a["cu_seqlens"], a["k"].shape[1])
+    if route.startswith("registry") and not fla_backend.register_backend():
+        pytest.skip("fla without a backend registry")
+    if route.startswith("registry"):
+        call = mod.chunk_gated_delta_rule_fwd_h
+    elif route.startswith("patch"):
+        kda_dhu.patch()
+        call = importlib.import_module("fla.ops.kda.chunk_fwd").chunk_gated_delta_rule_fwd_h
+    else:
+        call = kda_dhu.chunk_gated_delta_rule_fwd_h
+    try:
+        call(**a, output_final_state=True)
+        torch.cuda.synchronize()
+        stream = torch.cuda.current_stream()
+        before = _core.launch_count()
+        torch.cuda._sleep(200_000_000)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = call(**a, output_final_state=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        busy = not stream.query()
+        launches = _core.launch_count() - before
+    finally:
+        if route.startswith("patch"):
+            kda_dhu.unpatch()
+    torch.cuda.synchronize()
+    assert busy, "the call returned after the GPU drained"
+    assert launches == 1, launches
+    assert all(bool(torch.isfinite(x).all()) for x in out if x is not None)

@@ -194,14 +194,33 @@ def test_register_returns_false_without_fla_backends(monkeypatch):
     assert B.register_backend() is False
 
 
-def test_the_forward_scan_is_fla_s_own_unless_switched_on(registered, monkeypatch, rng):
-    """KDA_DHU_FWD_H: unset, the verifier rejects fwd_h calls (fla runs its own); on, it
-    accepts CUDA inputs only (CPU inputs here: rejected with the reason)."""
+def test_the_forward_scan_is_fla_s_own_while_switched_off(registered, monkeypatch, rng):
+    """KDA_DHU_FWD_H: off, the verifier rejects fwd_h calls (fla runs its own), as does
+    KDA_DHU_FORCE=fla; on (or FORCE=kernel), it accepts CUDA inputs only (CPU inputs here:
+    rejected with the reason); a bad value is named."""
+    from kda_dhu import _core
+
     inp = make_inputs(1, 64, 1, 1, 64, 64, generator=rng)
     a = dict(k=inp["k"], w=inp["w"], u=inp["dv"], gk=inp["gk"])
-    monkeypatch.delenv("KDA_DHU_FWD_H", raising=False)
+    monkeypatch.setenv("KDA_DHU_FWD_H", "off")
     ok, reason = registered.chunk_gated_delta_rule_fwd_h_verifier(**a)
-    assert (ok, reason) == (False, "KDA_DHU_FWD_H is not on (fla's own forward scan)")
+    assert (ok, reason) == (False, "KDA_DHU_FWD_H is off (fla's own forward scan)")
+    monkeypatch.setenv("KDA_DHU_FORCE", "kernel")
+    assert registered.chunk_gated_delta_rule_fwd_h_verifier(**a) == (False, "k is not a CUDA tensor")
+    monkeypatch.setenv("KDA_DHU_FWD_H", "on")
+    monkeypatch.setenv("KDA_DHU_FORCE", "fla")
+    assert registered.chunk_gated_delta_rule_fwd_h_verifier(**a) == (
+        False,
+        "KDA_DHU_FORCE=fla (fla's own forward scan)",
+    )
+    monkeypatch.delenv("KDA_DHU_FORCE")
+    monkeypatch.setenv("KDA_DHU_FWD_H", "sometimes")
+    ok, reason = registered.chunk_gated_delta_rule_fwd_h_verifier(**a)
+    assert not ok and "KDA_DHU_FWD_H: expected 'on', 'off' or unset" in reason
+    with pytest.raises(ValueError, match="KDA_DHU_FWD_H"):
+        _core.fwd_h_on()
+    monkeypatch.delenv("KDA_DHU_FWD_H")
+    assert registered.chunk_gated_delta_rule_fwd_h_verifier(**a)[0] is False  # CPU inputs either way
     monkeypatch.setenv("KDA_DHU_FWD_H", "on")
     ok, reason = registered.chunk_gated_delta_rule_fwd_h_verifier(**a)
     assert (ok, reason) == (False, "k is not a CUDA tensor")

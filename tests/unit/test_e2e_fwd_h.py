@@ -34,10 +34,10 @@ def test_mode_switch_sets_fwd_h_only_in_on_mode_under_the_flag(e2e, monkeypatch)
             monkeypatch.setattr(e2e, "FWD_H_ON", flag)
             e2e.set_mode("kda_dhu")
             assert e2e.BACKEND_ENV not in os.environ
-            assert os.environ.get(env) == ("on" if flag else None)
+            assert os.environ.get(env) == ("on" if flag else "off")
             for off in ("fla", "fla_again"):
                 e2e.set_mode(off)
-                assert os.environ[e2e.BACKEND_ENV] == "0" and env not in os.environ
+                assert os.environ[e2e.BACKEND_ENV] == "0" and os.environ[env] == "off"
     assert os.environ[env] == "on" and os.environ[e2e.BACKEND_ENV] == "1"  # restored
 
 
@@ -134,7 +134,7 @@ def test_launch_accounting_with_and_without_fwd_h(e2e):
     # without: the forward scan is fla's; any launch in a forward is a failure
     assert e2e.case_failures(_row(False, 1, 10, 0), tol=2e-2) == []
     msgs = e2e.case_failures(_row(False, 2, 20, 10), tol=2e-2)
-    assert len(msgs) == 3 and any("timed forwards (KDA_DHU_FWD_H unset)" in m for m in msgs), msgs
+    assert len(msgs) == 3 and any("timed forwards (KDA_DHU_FWD_H off)" in m for m in msgs), msgs
 
 
 def test_step_target_only_with_fwd_h(e2e):

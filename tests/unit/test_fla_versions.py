@@ -133,8 +133,10 @@ _CHILD = """
     out["fallback_wraps_real"] = inspect.unwrap(adapted) is real
 
     before = {m.__name__: m.__dict__.get("chunk_gated_delta_rule_bwd_dhu") for m in kpatch._fla_modules()}
+    fwd_held = {m.__name__: m.__dict__.get("chunk_gated_delta_rule_fwd_h") for m in kpatch._fla_modules()}
     out["patched"] = kda_dhu.patch()
     out["patched_modules"] = sorted(kpatch.patched_modules())
+    out["patched_fwd_h"] = sorted(kpatch.patched_modules("chunk_gated_delta_rule_fwd_h"))
     ours = _dispatch.chunk_gated_delta_rule_bwd_dhu
     out["all_ours"] = all(sys.modules[n].chunk_gated_delta_rule_bwd_dhu is ours for n in out["patched_modules"])
 
@@ -181,6 +183,8 @@ _CHILD = """
     out["unpatched"] = kda_dhu.unpatch()
     # every fla module holds fla's (decorated) function again, those imported by patch() too
     held = {m.__name__: m.__dict__.get("chunk_gated_delta_rule_bwd_dhu") for m in kpatch._fla_modules()}
+    fwd_now = {m.__name__: m.__dict__.get("chunk_gated_delta_rule_fwd_h") for m in kpatch._fla_modules()}
+    out["fwd_h_restored"] = all(fwd_now.get(n) is f for n, f in fwd_held.items())
     out["restored"] = all(f is decorated for f in held.values() if f is not None) and all(
         held[n] is f for n, f in before.items()
     )
@@ -226,8 +230,14 @@ def test_registration_and_patch_work_with_this_fla(view, fla_dir):
     # the modules of fla's chunked delta-rule family hold kda-dhu's dispatcher, then fla's again
     for module in ("fla.ops.common.chunk_delta_h", "fla.ops.kda.chunk_bwd", "fla.ops.gated_delta_rule.chunk"):
         assert module in rep["patched_modules"], detail
-    assert rep["patched"] == len(rep["patched_modules"]) and rep["all_ours"], detail
-    assert rep["unpatched"] == rep["patched"] and rep["restored"], detail
+    # the forward scan where fla's takes kda-dhu's parameters (fla-core 0.6's)
+    if newer:
+        for module in ("fla.ops.common.chunk_delta_h", "fla.ops.kda.chunk_fwd", "fla.ops.kda.chunk_bwd"):
+            assert module in rep["patched_fwd_h"], detail
+    assert rep["patched"] == len(rep["patched_modules"]) + len(rep["patched_fwd_h"]) and rep["all_ours"], (
+        detail
+    )
+    assert rep["unpatched"] == rep["patched"] and rep["restored"] and rep["fwd_h_restored"], detail
     # each call reached fla's function with exactly the parameters that version takes
     n = len(rep["patched_modules"])
     assert rep["results"] == ["fla's result"] and rep["b2a"] == "fla's result", detail

@@ -175,3 +175,124 @@ def test_op_cpu_checks_cu_seqlens_values_and_the_callers_chunk_offsets(rng):
         same = ops.chunk_gated_delta_rule_bwd_dhu_op(**{**a, "chunk_offsets": torch.tensor(table)})
         for x, y in zip(same, good):
             assert torch.equal(x, y)
+
+
+# ---- the forward scan's op, torch.ops.kda_dhu.chunk_gated_delta_rule_fwd_h
+
+
+def _fwd_args(rng, **kw):
+    a = _args(rng, **kw)
+    return dict(
+        k=a["k"], w=a["w"], u=a["dv"], g=a["g"], gk=a["gk"], initial_state=a["dht"],
+        state_v_first=a["state_v_first"], cu_seqlens=a["cu_seqlens"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("save_new_value, output_final_state", [(True, True), (False, False), (True, False)])
+def test_fwd_h_op_cpu_matches_the_eager_function(rng, save_new_value, output_final_state):
+    import kda_dhu
+
+    a = _fwd_args(rng)
+    kw = dict(save_new_value=save_new_value, output_final_state=output_final_state)
+    eager = kda_dhu.chunk_gated_delta_rule_fwd_h(**a, **kw)
+    op = ops.chunk_gated_delta_rule_fwd_h_op(**a, **kw)
+    assert (op[1] is None) is (not save_new_value) and (op[2] is None) is (not output_final_state)
+    for x, y in zip(eager, op):
+        assert (x is None and y is None) or torch.equal(x, y)
+
+
+def test_fwd_h_opcheck(rng):
+    a = _fwd_args(rng, T=70, state_v_first=True)
+    args = (
+        a["k"],
+        a["w"],
+        a["u"],
+        a["g"],
+        a["gk"],
+        a["initial_state"],
+        True,
+        True,
+        True,
+        None,
+        None,
+        None,
+        None,
+    )
+    torch.library.opcheck(
+        torch.ops.kda_dhu.chunk_gated_delta_rule_fwd_h.default,
+        args,
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+@pytest.mark.parametrize("gate", ["gk", "g", None])
+def test_fwd_h_compile_fullgraph_matches_eager(rng, gate):
+    a = _fwd_args(rng, gate=gate)
+
+    def step(k, w, u, g, gk, initial_state):
+        h, v_new, final = ops.chunk_gated_delta_rule_fwd_h_op(
+            k, w, u, g=g, gk=gk, initial_state=initial_state, output_final_state=True
+        )
+        return h.float().sum(1), v_new + 1, final * 2
+
+    inputs = (a["k"], a["w"], a["u"], a["g"], a["gk"], a["initial_state"])
+    eager = step(*inputs)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(*inputs)
+    for x, y in zip(eager, compiled):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "over, exc, match",
+    [
+        (dict(chunk_size=32), ValueError, "chunk_size: the custom op takes 64"),
+        (dict(output_final_state=1), TypeError, "output_final_state: expected a bool, got int"),
+        (dict(save_new_value="yes"), TypeError, "save_new_value: expected a bool, got str"),
+        (dict(state_v_first=None), TypeError, "state_v_first: expected a bool"),
+        (dict(w=[1.0]), TypeError, "^w: "),
+    ],
+)
+def test_fwd_h_op_names_bad_arguments(rng, over, exc, match):
+    a = _fwd_args(rng)
+    with pytest.raises(exc, match=match):
+        ops.chunk_gated_delta_rule_fwd_h_op(**{**a, **over})
+
+
+@pytest.mark.gpu
+def test_fwd_h_op_cuda_matches_eager_under_compile_and_a_cuda_graph(rng, monkeypatch):
+    """On the kernel (KDA_DHU_FWD_H=on): the op, its torch.compile and a captured CUDA graph
+    replayed on new inputs give the eager function's results bit for bit."""
+    import kda_dhu
+    from kda_dhu import _core
+
+    monkeypatch.setenv("KDA_DHU_FWD_H", "on")
+    s4 = make_inputs(2, 256, 4, 4, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
+    a = dict(k=s4["k"], w=s4["w"], u=s4["dv"], gk=s4["gk"], initial_state=s4["dht"], output_final_state=True)
+    before = _core.launch_count()
+    eager = kda_dhu.chunk_gated_delta_rule_fwd_h(**a)
+    assert _core.launch_count() - before == 1, "the kernel did not run"
+    for x, y in zip(eager, ops.chunk_gated_delta_rule_fwd_h_op(**a)):
+        assert torch.equal(x, y)
+    compiled = torch.compile(lambda: ops.chunk_gated_delta_rule_fwd_h_op(**a), fullgraph=True)()
+    for x, y in zip(eager, compiled):
+        assert torch.equal(x, y)
+    static = {n: t.clone() for n, t in a.items() if isinstance(t, torch.Tensor)}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.chunk_gated_delta_rule_fwd_h_op(
+            **static, output_final_state=True
+        )  # warm-up off the default stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.chunk_gated_delta_rule_fwd_h_op(**static, output_final_state=True)
+    fresh = make_inputs(2, 256, 4, 4, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
+    b = dict(k=fresh["k"], w=fresh["w"], u=fresh["dv"], gk=fresh["gk"], initial_state=fresh["dht"])
+    for n, t in b.items():
+        static[n].copy_(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = kda_dhu.chunk_gated_delta_rule_fwd_h(**b, output_final_state=True)
+    for x, y in zip(want, out):
+        assert torch.equal(x, y)

@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+import torch
 from helpers import run_in_threads
 
 pytest.importorskip("fla.ops.common.chunk_delta_h")
@@ -14,6 +15,7 @@ pytest.importorskip("fla.ops.common.chunk_delta_h")
 P = importlib.import_module("kda_dhu.patch")  # not `import kda_dhu.patch`: kda_dhu.patch may be the function
 D = importlib.import_module("kda_dhu._dispatch")
 NAME = "chunk_gated_delta_rule_bwd_dhu"
+FWD_H = "chunk_gated_delta_rule_fwd_h"
 SOURCE = "fla.ops.common.chunk_delta_h"
 
 
@@ -21,12 +23,16 @@ def _ours():
     return D.chunk_gated_delta_rule_bwd_dhu
 
 
-def _snapshot() -> dict[str, object]:
-    """Every fla.* module's global named chunk_gated_delta_rule_bwd_dhu."""
+def _ours_fwd_h():
+    return importlib.import_module("kda_dhu._forward").chunk_gated_delta_rule_fwd_h
+
+
+def _snapshot(name: str = NAME) -> dict[str, object]:
+    """Every fla.* module's global named ``name``."""
     return {
-        n: m.__dict__[NAME]
+        n: m.__dict__[name]
         for n, m in list(sys.modules.items())
-        if (n == "fla" or n.startswith("fla.")) and isinstance(m, types.ModuleType) and NAME in m.__dict__
+        if (n == "fla" or n.startswith("fla.")) and isinstance(m, types.ModuleType) and name in m.__dict__
     }
 
 
@@ -59,8 +65,18 @@ def test_patch_rebinds_every_fla_user_and_unpatch_restores_identity():
         "fla.ops.delta_rule.chunk",
     ):
         assert expected in fla_holders, expected
+    fwd_decorated = sys.modules[SOURCE].__dict__[FWD_H]
+    fwd_before = _snapshot(FWD_H)
+    fwd_holders = {n for n, obj in fwd_before.items() if obj is fwd_decorated}
+    for expected in (
+        SOURCE,
+        "fla.ops.kda.chunk_fwd",
+        "fla.ops.kda.chunk_bwd",
+        "fla.ops.gated_delta_rule.chunk",
+    ):
+        assert expected in fwd_holders, expected
 
-    assert P.patch() == len(fla_holders)
+    assert P.patch() == len(fla_holders) + len(fwd_holders)
     assert P.is_patched()
     during = _snapshot()
     assert during.keys() == before.keys()
@@ -70,11 +86,16 @@ def test_patch_rebinds_every_fla_user_and_unpatch_restores_identity():
         else:  # some other function of the same name: untouched
             assert during[n] is before[n], n
     assert set(P.patched_modules()) == fla_holders
+    assert set(P.patched_modules(FWD_H)) == fwd_holders
+    for n, obj in _snapshot(FWD_H).items():
+        assert obj is (_ours_fwd_h() if n in fwd_holders else fwd_before[n]), n
 
-    assert P.unpatch() == len(fla_holders)
+    assert P.unpatch() == len(fla_holders) + len(fwd_holders)
     assert not P.is_patched()
     _assert_same(before, _snapshot())
+    _assert_same(fwd_before, _snapshot(FWD_H))
     assert sys.modules[SOURCE].__dict__[NAME] is decorated
+    assert sys.modules[SOURCE].__dict__[FWD_H] is fwd_decorated
 
 
 def test_imports_after_patch_get_the_replacement():
@@ -142,7 +163,7 @@ def test_patch_is_idempotent_and_unpatch_without_patch_is_noop():
     once = _snapshot()
     assert P.patch() == 0  # nothing left to rebind
     _assert_same(once, _snapshot())
-    assert len(P.patched_modules()) == n
+    assert len(P.patched_modules()) + len(P.patched_modules(FWD_H)) == n
 
     assert P.unpatch() == n  # one unpatch undoes both patches
     _assert_same(before, _snapshot())
@@ -219,3 +240,40 @@ def test_original_function_is_fla_object_while_patched(monkeypatch):
         assert fn is inspect.unwrap(decorated)
         assert fn is not _ours()
     assert P.original_function() is decorated
+
+
+def test_the_forward_scan_is_patched_only_where_fla_s_parameters_are_ours(monkeypatch):
+    """fla's fwd_h with other parameters (another fla version): stage 4 alone is rebound."""
+    from kda_dhu import _fla
+
+    fwd_before = _snapshot(FWD_H)
+
+    def other_fwd_h(k, w, u, g=None, gk=None, initial_state=None, output_final_state=False, chunk_size=64):
+        return None
+
+    monkeypatch.setattr(_fla, "fla_fwd_h_function", lambda: other_fwd_h)
+    n = P.patch()
+    assert n == len(P.patched_modules()) > 0 and P.patched_modules(FWD_H) == []
+    _assert_same(fwd_before, _snapshot(FWD_H))
+    P.unpatch()
+
+
+def test_the_patched_forward_scan_runs_on_cpu_and_hands_fla_its_own(monkeypatch, rng):
+    """Through fla's patched name (fla.ops.kda.chunk_fwd): CPU inputs run the CPU path
+    (the float64 reference with fla's casts); the fallback is fla's function as it was
+    before the patch, never the patched name (no recursion)."""
+    from helpers import make_inputs
+    from kda_dhu import _fla
+    from kda_dhu.reference import chunk_gated_delta_rule_fwd_h_ref
+
+    fwd_decorated = sys.modules[SOURCE].__dict__[FWD_H]
+    s4 = make_inputs(1, 100, 2, 2, 64, 64, generator=rng)
+    a = dict(k=s4["k"], w=s4["w"], u=s4["dv"], gk=s4["gk"], initial_state=s4["dht"], output_final_state=True)
+    with P.patched():
+        fwd = sys.modules["fla.ops.kda.chunk_fwd"].__dict__[FWD_H]
+        assert fwd is _ours_fwd_h()
+        h, v_new, final = fwd(**a)
+        assert _fla.fla_fwd_h_function() is importlib.import_module("inspect").unwrap(fwd_decorated)
+    ref = chunk_gated_delta_rule_fwd_h_ref(**a, emulate_rounding=True)
+    for o, r, dtype in zip((h, v_new, final), ref, (a["k"].dtype, a["u"].dtype, torch.float32)):
+        assert o.dtype == dtype and torch.equal(o, r.to(dtype)), "the CPU path is the reference"
