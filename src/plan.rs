@@ -200,7 +200,7 @@ pub struct KernelConfig {
     /// split, `grid`, `nwg` and the entry point are its second pass's.
     pub split: Option<Split>,
     /// The forward scan (fla's `chunk_gated_delta_rule_fwd_h`: the FWD instances,
-    /// `FWD_ENTRIES`; one warpgroup, no split).
+    /// `FWD_ENTRIES`; stage 4's warpgroup rule, no split).
     pub forward: bool,
 }
 
@@ -527,11 +527,7 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
     let split = if desc.forward { None } else { split::split(desc, dev, arch, crate::env::sm90_split()) };
     // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
     let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
-    let nwg = if desc.forward {
-        forward_warpgroups(desc, arch, sm90_nwg_override())
-    } else {
-        warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override())
-    };
+    let nwg = warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override());
     Plan::Kernel {
         arch,
         config: KernelConfig {
@@ -549,8 +545,9 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
 
 /// Consumer warpgroups per CTA on sm_90a. Two (one CTA per 128 V columns of a head: k, q,
 /// w loaded once for both V tiles, two chains per SM) whenever that grid still fills the
-/// device (N * HV * V/128 >= SMs); below that, one per CTA, for the most CTAs.
-/// `KDA_DHU_SM90_NWG` = 1 or 2 overrides the choice where V allows (measurements).
+/// device (N * HV * V/128 >= SMs); below that, one per CTA, for the most CTAs. The same
+/// rule for both scans (the forward scan's A/B: benches/NOTES.md, "The forward scan's
+/// kernel"). `KDA_DHU_SM90_NWG` = 1 or 2 overrides the choice where V allows (measurements).
 pub fn warpgroups(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: Option<u32>) -> u32 {
     warpgroups_for(desc.dims.n * desc.dims.hv, desc, dev, arch, override_nwg)
 }
@@ -566,17 +563,6 @@ fn warpgroups_for(rows: i64, desc: &CallDesc, dev: &DeviceInfo, arch: Arch, over
         return n;
     }
     if rows * (d.v / (2 * BV)) >= i64::from(dev.sm_count) {
-        2
-    } else {
-        1
-    }
-}
-
-/// The forward scan's warpgroups per CTA: one (measured: benches/NOTES.md, "The forward
-/// scan's kernel"); two under `KDA_DHU_SM90_NWG=2` where V allows (measurements, until the
-/// two-warpgroup instance's A/B is in).
-fn forward_warpgroups(desc: &CallDesc, arch: Arch, override_nwg: Option<u32>) -> u32 {
-    if arch == Arch::Sm90 && desc.dims.v % (2 * BV) == 0 && override_nwg == Some(2) {
         2
     } else {
         1
@@ -1153,25 +1139,31 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_forward_scan_plans_one_warpgroup_unsplit_on_sm90_only() {
-        // B8 H32 K = V = 128 would take two warpgroups for stage 4; B1 H16 T 65536 a split.
-        for (b, hv, t) in [(8, 32, 4096), (1, 16, 65536)] {
+    fn the_forward_scan_plans_stage_4s_warpgroups_unsplit_on_sm90_only() {
+        // B8 H32 K = V = 128: two warpgroups (256 CTAs of 128 V columns fill the H200), as for
+        // stage 4; B1 H16 T 65536: one (32 CTAs), and no split where stage 4 would take one.
+        for (b, hv, t, nwg) in [(8, 32, 4096, 2u32), (1, 16, 65536, 1)] {
             let mut d = long_desc(b, hv, t);
             d.forward = true;
             let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
-            assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, 1, None, true));
-            assert_eq!(config.grid, [2, hv as u32, b as u32]);
-            assert_eq!(config.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16");
-            // two warpgroups only when asked for (KDA_DHU_SM90_NWG=2) and V allows
-            assert_eq!(forward_warpgroups(&d, Arch::Sm90, Some(2)), 2);
-            assert_eq!(forward_warpgroups(&d, Arch::Sm90, None), 1);
+            assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, nwg, None, true));
+            assert_eq!(config.grid, [2 / nwg, hv as u32, b as u32]);
+            let wg = if nwg == 2 { "_wg2" } else { "" };
+            assert_eq!(config.entry_point(arch), format!("kda_dhu_sm90_fwd_k128_bf16{wg}"));
+            assert_eq!(KernelConfig::all(Arch::Sm90)[config.slot()].entry_point(arch), config.entry_point(arch));
+            // KDA_DHU_SM90_NWG overrides it where V allows
+            for n in [1u32, 2] {
+                assert_eq!(warpgroups(&d, &H200, Arch::Sm90, Some(n)), n);
+            }
+            let wg1 = KernelConfig { nwg: 1, grid: [2, hv as u32, b as u32], ..config };
+            assert_eq!(wg1.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16");
             let wg2 = KernelConfig { nwg: 2, grid: [1, hv as u32, b as u32], ..config };
             assert_eq!(wg2.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16_wg2");
             assert_eq!(KernelConfig::all(Arch::Sm90)[wg2.slot()].entry_point(arch), wg2.entry_point(arch));
             d.has_gk = false;
             d.has_g = true;
             let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
-            assert_eq!(config.entry_point(arch), "kda_dhu_sm90_fwd_k128_bf16_g");
+            assert_eq!(config.entry_point(arch), format!("kda_dhu_sm90_fwd_k128_bf16{wg}_g"));
             assert_eq!(KernelConfig::all(Arch::Sm90)[config.slot()].entry_point(arch), config.entry_point(arch));
             assert_eq!(reason(plan(&d, &B200, Rule::Extended)), "sm_100 kernel: no forward scan (fwd_h) kernel");
         }
