@@ -7,6 +7,7 @@
 # barriers = the serial chain).
 #   run(command="bash scripts/device/profile.sh [driver args]", carry=[".carry"])
 #   e.g. bash scripts/device/profile.sh --shapes b4_t8192_h16,b8_t4096_h32 --nwg 1
+#        bash scripts/device/profile.sh --op fwd_h --shapes b1_t65536_h32   (the forward scan)
 # Environment: NCU (path), NCU_SET (sections; default below), PROFILE_TIMEOUT (300 s).
 # Output: $OUT/profile.ncu-rep (open with ncu-ui or `ncu --import`), $OUT/profile.csv
 # (every metric of the sections, one row per launch) and $OUT/profile.txt (the details page).

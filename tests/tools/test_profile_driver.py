@@ -34,6 +34,7 @@ def test_list_is_the_bench_table():
         (("--shapes", "nope"), "unknown shape(s) ['nope']"),
         (("--warmup", "-1"), "--warmup must be >= 0"),
         (("--nwg", "3"), "invalid choice"),
+        (("--op", "fwd"), "invalid choice"),
     ],
 )
 def test_bad_arguments(args, msg):
@@ -43,8 +44,18 @@ def test_bad_arguments(args, msg):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
 def test_no_gpu_exit_status():
-    proc = _run("--shapes", "b4_t8192_h16")
-    assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+    for op in ("dhu", "fwd_h"):
+        proc = _run("--op", op, "--shapes", "b4_t8192_h16")
+        assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_forward_scan_launches_are_the_kernels():
+    """--op fwd_h: every call of the forward scan launched kda-dhu's kernel (the driver exits 1
+    if fla ran one), one line per shape."""
+    proc = _run("--op", "fwd_h", "--shapes", "b8_t1096_h4_tail", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "b8_t1096_h4_tail: forward scan, 1 + 1 launches" in proc.stdout
 
 
 def test_row_inputs_carry_the_rows_layout_and_lengths(monkeypatch):
