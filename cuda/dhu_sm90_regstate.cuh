@@ -265,14 +265,15 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 
 // SUMMARY: the first pass of a sequence split (src/split.rs; NWG = 1). The launch runs
 // segments seg_first + j, j = blockIdx.y / HV, with V widened by K columns: blockIdx.x
-// < V / 64 are V tiles, the others identity tiles (columns of P_s). The newest segment of
-// the launch runs as usual from dht and stores dh and dv2 (its identity tiles exit); the
-// others store nothing but their last state: from b = 0 (V tiles: u_s) and from b = I
-// (identity tiles, whose do, dv and q read as zeros: P_s, the product of the segment's
-// A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
+// < V / 64 are V tiles, the others identity tiles (columns of P_s). The launch's first
+// segment in scan order (stage 4: its newest, j = last; FWD: its oldest, j = 0), the
+// "live" one, runs as usual from dht and stores its outputs (its identity tiles exit);
+// the others store nothing but their last state: from b = 0 (V tiles: u_s) and from b = I
+// (identity tiles, whose do, dv and q (FWD: u) read as zeros: P_s, the product of the
+// segment's A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
 //
-// FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"; no
-// split): the same chain with the chunks oldest first and the products' roles swapped.
+// FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"):
+// the same chain with the chunks oldest first and the products' roles swapped.
 // The params carry the forward call: tma_w / tma_k its w and k, tma_dv its u, tma_dv2 its
 // v_new, tma_dh its h, dht its initial_state (FLAG_DHT), dh0 its final_state (FLAG_DH0);
 // q, do and scale unused. Per chunk, the state b^T = h^T:
@@ -288,7 +289,6 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false, bool FWD = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
-  static_assert(!FWD || !SUMMARY, "the forward scan is never split");
   using Map = SmemMap<K, NWG>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
@@ -316,11 +316,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int seg = int(blockIdx.y) / p.HV;
   const int hv = int(blockIdx.y) - seg * p.HV;
   const int n = blockIdx.z;
-  // SUMMARY: whether this CTA runs the launch's newest segment (with outputs), and whether
-  // its tile is an identity tile (past V).
-  const bool newest = SUMMARY && seg + 1 == int(gridDim.y) / p.HV;
+  // SUMMARY: whether this CTA runs the launch's live segment (with outputs: the newest,
+  // FWD the oldest), and whether its tile is an identity tile (past V).
+  const bool live = SUMMARY && (FWD ? seg == 0 : seg + 1 == int(gridDim.y) / p.HV);
   const bool ident = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
-  if (newest && ident) return;
+  if (live && ident) return;
   const int h = hv / (p.HV / p.H);
   if (KDA_DHU_EXP_DENSE_ONLY && (p.flags & FLAG_VARLEN)) __trap();
   const bool varlen = !KDA_DHU_EXP_DENSE_ONLY && (p.flags & FLAG_VARLEN);
@@ -365,9 +365,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // An identity tile loads k and w only.
     const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
     // FWD: w and k, and u in dv's slot.
-    const uint32_t tx_bytes = FWD       ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
-                              : ident_p ? uint32_t(2 * Map::KTILE)
-                                        : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
+    const uint32_t tx_bytes = ident_p ? uint32_t(2 * Map::KTILE)
+                              : FWD   ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
+                                      : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
@@ -432,7 +432,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
               SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, h, t0,
                                      b_row);
             }
-            for (int wg = 0; wg < NWG; ++wg)
+            for (int wg = 0; wg < NWG && !ident_p; ++wg)
               SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
                                      (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
           }
@@ -505,7 +505,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int wg = tid / WG_THREADS;
   const int ctid = tid % WG_THREADS;
   // Issues the warpgroup's TMA stores; a split's summary CTA stores none.
-  const bool leader = ctid == 0 && (!SUMMARY || newest);
+  const bool leader = ctid == 0 && (!SUMMARY || live);
   const int v0 = (blockIdx.x * NWG + wg) * BV;
   auto wg_sync = [&]() { named_sync(WG_THREADS, 1 + wg); };
 
@@ -554,8 +554,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // (sequence, value head) of the state read (dht) and of the state written (dh0)
   // (blockIdx.z afresh: see ctaid_z). Without a split both are n * HV + hv. A split's
   // second pass reads its boundary states at blockIdx.y's place and writes dh0 from
-  // segment 0 only; its first pass reads the caller's dht and writes every CTA's last
-  // state to its [.., K, V + K] buffer at blockIdx.y's place.
+  // segment 0 only (FWD: the final state from its last segment); its first pass reads the
+  // caller's dht and writes every CTA's last state to its [.., K, V + K] buffer at
+  // blockIdx.y's place.
   const int64_t nh_row = int64_t(ctaid_z()) * p.HV + hv;
   const int64_t nh_grid = int64_t(ctaid_z()) * gridDim.y + blockIdx.y;
   const int64_t nh_in = SUMMARY ? nh_row : nh_grid;
@@ -572,7 +573,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   for (int e = 0; e < NS; e += 2) {
     const int v = fg.row(e), k = fg.col(e);
     float2 x = make_float2(0.f, 0.f);
-    if (SUMMARY && !newest) {
+    if (SUMMARY && !live) {
       // u_s from zero; P_s from the identity: column v0 + v - V of P is e_{v0 + v - V}.
       const int m = v0 + v - p.V;
       if (ident) x = make_float2(k == m ? 1.f : 0.f, k + 1 == m ? 1.f : 0.f);
@@ -586,9 +587,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     b[e + 1] = x.y;
   }
 
-  // dh0 = b after the oldest chunk (a split: see nh_out).
+  // dh0 = b after the oldest chunk (a split: see nh_out); FWD: final_state = b after the
+  // newest chunk (a split's second pass: from its last segment, blockIdx.y >= (S1 - 1) HV,
+  // read here rather than kept across the chunk loop).
   auto store_dh0 = [&]() {
-    if (SUMMARY || ((p.flags & FLAG_DH0) && seg == 0)) {
+    if (SUMMARY || ((p.flags & FLAG_DH0) && (FWD ? int(blockIdx.y) + p.HV >= int(gridDim.y) : seg == 0))) {
       CUTE_UNROLL
       for (int e = 0; e < NS; e += 2) {
         const int v = fg.row(e), k = fg.col(e);

@@ -200,7 +200,7 @@ pub struct KernelConfig {
     /// split, `grid`, `nwg` and the entry point are its second pass's.
     pub split: Option<Split>,
     /// The forward scan (fla's `chunk_gated_delta_rule_fwd_h`: the FWD instances,
-    /// `FWD_ENTRIES`; stage 4's warpgroup rule, no split).
+    /// `FWD_ENTRIES`; stage 4's warpgroup rule; a split only where asked, src/split.rs).
     pub forward: bool,
 }
 
@@ -523,8 +523,7 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
         flags |= FLAG_OFFSETS_I32;
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
-    // The forward scan is never split (its FWD instances).
-    let split = if desc.forward { None } else { split::split(desc, dev, arch, crate::env::sm90_split()) };
+    let split = split::split(desc, dev, arch, crate::env::sm90_split());
     // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
     let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
     let nwg = warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override());

@@ -21,6 +21,14 @@
 //!
 //! Pass 1 and pass 2 each walk one segment's chunks, so the time is about 2 T / S of the
 //! unsplit scan plus the merge, where both passes fit one wave: S >= 3 pays.
+//!
+//! The forward scan (fla's fwd_h, `CallDesc::forward`) splits the same way in the other
+//! direction: pass 1 runs segment 0 from initial_state with its outputs (h, v_new) and
+//! summarizes segments 1 .. S - 2 (the FWD instance's `_sum` kernels, from [0 | I] with
+//! u's K extra columns zero: [b_s | P_s] of h <- A_c h + b_c); the merge runs oldest
+//! first (X[0] = the state leaving segment 0, X[j] = P_j X[j - 1] + b_j); pass 2 runs
+//! segments 1 .. S - 1 from X, the last one writing final_state. Off unless asked
+//! (`DEFAULT_ON_FWD`) until its A/B is in.
 //! Rounding: the boundary states are fp32 sums of pieces each rounded as the kernel
 //! rounds its own state (bf16 before k . dh), the kind of rounding the unsplit kernel
 //! has; the parity tests against the float64 reference decide.
@@ -43,6 +51,9 @@ pub const MAX_SEGMENTS: i64 = 16;
 /// kernel times of benches/split_profile.py B1 T65536 H8 1157 -> 540 us, H4 1192 -> 378 us
 /// (benches/NOTES.md, "The sequence split").
 pub const DEFAULT_ON: bool = true;
+/// Whether the forward scan's split runs by default (else only under `KDA_DHU_SM90_SPLIT=on`
+/// or `=N`): off until measured (benches/NOTES.md, "The forward scan's split").
+pub const DEFAULT_ON_FWD: bool = false;
 /// V columns per CTA of the merge kernel (cuda/dhu_seg_merge.cuh's COLS).
 pub const MERGE_COLS: i64 = 16;
 
@@ -93,9 +104,10 @@ pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch)
     if arch != Arch::Sm90 || desc.varlen() {
         return None;
     }
+    let default_on = if desc.forward { DEFAULT_ON_FWD } else { DEFAULT_ON };
     let wanted = match switch {
         SplitSwitch::Off => return None,
-        SplitSwitch::Default if !DEFAULT_ON => return None,
+        SplitSwitch::Default if !default_on => return None,
         SplitSwitch::Default | SplitSwitch::Rule => rule_segments(desc, dev)?,
         SplitSwitch::Segments(n) => i64::from(n),
     };
@@ -112,10 +124,11 @@ pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch)
     Some(Split { segments: segments as u32, seg_chunks: seg_chunks as u32 })
 }
 
-/// The split's kernels in the sm_90a image (cuda/dhu_sm90.cu), in slot order: the first
-/// pass's (k64/k128 x bf16/fp16, then those with state_v_first, then those eight with the
-/// scalar gate g), then the merge (K 64, 128).
-pub const SPLIT_ENTRIES: [&str; 18] = [
+/// The split's kernels in the sm_90a image (cuda/dhu_sm90.cu), in slot order: stage 4's
+/// first pass (k64/k128 x bf16/fp16, then those with state_v_first, then those eight with
+/// the scalar gate g), the merge (K 64, 128), then the forward scan's first pass (the same
+/// sixteen shapes).
+pub const SPLIT_ENTRIES: [&str; 34] = [
     "kda_dhu_sm90_rs_k64_bf16_sum",
     "kda_dhu_sm90_rs_k64_fp16_sum",
     "kda_dhu_sm90_rs_k128_bf16_sum",
@@ -134,11 +147,35 @@ pub const SPLIT_ENTRIES: [&str; 18] = [
     "kda_dhu_sm90_rs_k128_fp16_sum_svf_g",
     "kda_dhu_sm90_seg_merge_k64",
     "kda_dhu_sm90_seg_merge_k128",
+    "kda_dhu_sm90_fwd_k64_bf16_sum",
+    "kda_dhu_sm90_fwd_k64_fp16_sum",
+    "kda_dhu_sm90_fwd_k128_bf16_sum",
+    "kda_dhu_sm90_fwd_k128_fp16_sum",
+    "kda_dhu_sm90_fwd_k64_bf16_sum_svf",
+    "kda_dhu_sm90_fwd_k64_fp16_sum_svf",
+    "kda_dhu_sm90_fwd_k128_bf16_sum_svf",
+    "kda_dhu_sm90_fwd_k128_fp16_sum_svf",
+    "kda_dhu_sm90_fwd_k64_bf16_sum_g",
+    "kda_dhu_sm90_fwd_k64_fp16_sum_g",
+    "kda_dhu_sm90_fwd_k128_bf16_sum_g",
+    "kda_dhu_sm90_fwd_k128_fp16_sum_g",
+    "kda_dhu_sm90_fwd_k64_bf16_sum_svf_g",
+    "kda_dhu_sm90_fwd_k64_fp16_sum_svf_g",
+    "kda_dhu_sm90_fwd_k128_bf16_sum_svf_g",
+    "kda_dhu_sm90_fwd_k128_fp16_sum_svf_g",
 ];
 
-/// Slot in SPLIT_ENTRIES of the first pass's kernel (`g`: the call has the scalar gate).
-pub fn summary_slot(k: u32, dtype: DType, svf: bool, g: bool) -> usize {
-    (if k == 64 { 0 } else { 2 }) + usize::from(dtype != DType::BF16) + if svf { 4 } else { 0 } + if g { 8 } else { 0 }
+/// The first slot of the forward scan's first-pass kernels in SPLIT_ENTRIES.
+const FWD_SUMMARY_FIRST: usize = 18;
+
+/// Slot in SPLIT_ENTRIES of the first pass's kernel (`g`: the call has the scalar gate;
+/// `forward`: the forward scan's).
+pub fn summary_slot(k: u32, dtype: DType, svf: bool, g: bool, forward: bool) -> usize {
+    (if forward { FWD_SUMMARY_FIRST } else { 0 })
+        + (if k == 64 { 0 } else { 2 })
+        + usize::from(dtype != DType::BF16)
+        + if svf { 4 } else { 0 }
+        + if g { 8 } else { 0 }
 }
 
 /// Slot in SPLIT_ENTRIES of the merge kernel.
@@ -153,12 +190,13 @@ pub fn merge_slot(k: u32) -> usize {
 /// Whether SPLIT_ENTRIES[slot] is a first-pass kernel (dynamic shared memory: the
 /// one-warpgroup map) rather than the merge (static shared memory only).
 pub fn is_summary_slot(slot: usize) -> bool {
-    slot < 16
+    !(16..FWD_SUMMARY_FIRST).contains(&slot)
 }
 
 /// The K of SPLIT_ENTRIES[slot].
 pub fn slot_k(slot: usize) -> u32 {
-    if (is_summary_slot(slot) && slot % 4 < 2) || slot == 16 {
+    let first = if slot >= FWD_SUMMARY_FIRST { FWD_SUMMARY_FIRST } else { 0 };
+    if (is_summary_slot(slot) && (slot - first) % 4 < 2) || slot == 16 {
         64
     } else {
         128
@@ -209,6 +247,14 @@ mod tests {
         // Too short: fewer than 3 x 32 chunks.
         assert_eq!(rule_segments(&long(1, 16, 64 * 95), &H200), None);
         assert_eq!(rule_segments(&long(1, 16, 64 * 96), &H200), Some(3));
+        // The forward scan: the same rule, off unless asked (DEFAULT_ON_FWD).
+        let mut f = long(1, 16, 65536);
+        f.forward = true;
+        assert_eq!(rule_segments(&f, &H200), Some(3));
+        let asked = split(&f, &H200, Arch::Sm90, SplitSwitch::Rule);
+        assert_eq!(asked, Some(Split { segments: 3, seg_chunks: 342 }));
+        assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Default), if DEFAULT_ON_FWD { asked } else { None });
+        assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Segments(4)).map(|s| s.segments), Some(4));
         // varlen never, sm_100 never.
         let mut v = long(1, 16, 65536);
         v.cu_seqlens = Some(DType::I64);
@@ -251,14 +297,16 @@ mod tests {
         for k in [64u32, 128] {
             for dt in [DType::BF16, DType::F16] {
                 for (svf, g) in [(false, false), (true, false), (false, true), (true, true)] {
-                    let name = SPLIT_ENTRIES[summary_slot(k, dt, svf, g)];
-                    let want = format!(
-                        "kda_dhu_sm90_rs_k{k}_{}_sum{}{}",
-                        if dt == DType::BF16 { "bf16" } else { "fp16" },
-                        if svf { "_svf" } else { "" },
-                        if g { "_g" } else { "" }
-                    );
-                    assert_eq!(name, want);
+                    for (forward, op) in [(false, "rs"), (true, "fwd")] {
+                        let name = SPLIT_ENTRIES[summary_slot(k, dt, svf, g, forward)];
+                        let want = format!(
+                            "kda_dhu_sm90_{op}_k{k}_{}_sum{}{}",
+                            if dt == DType::BF16 { "bf16" } else { "fp16" },
+                            if svf { "_svf" } else { "" },
+                            if g { "_g" } else { "" }
+                        );
+                        assert_eq!(name, want);
+                    }
                 }
             }
             assert_eq!(SPLIT_ENTRIES[merge_slot(k)], format!("kda_dhu_sm90_seg_merge_k{k}"));

@@ -147,7 +147,8 @@ def main(argv=None) -> int:
                 one = [
                     ln
                     for ln in lines
-                    if not re.match(r"^KDA_DHU_(SM90(_RS|_SUM)?|SEG_MERGE)_ENTRY\(", ln) or f"({name}," in ln
+                    if not re.match(r"^KDA_DHU_(SM90(_RS|_SUM|_FWD|_FWD_SUM)?|SEG_MERGE)_ENTRY\(", ln)
+                    or f"({name}," in ln
                 ]
                 with open(os.path.join(src, "one.cu"), "w") as f:
                     f.write("\n".join(one) + "\n")

@@ -154,6 +154,12 @@ CASES = [
                               tables=torch.int64, nwg=2, fwd=True)),
     ("fwd_wg2_no_state_k64", dict(B=2, T=100, H=1, HV=1, K=64, V=128, gate="gk", dht=False, h0=False, nwg=2,
                                   fwd=True)),
+    # The forward scan's split (KDA_DHU_SM90_SPLIT=N): its first pass, the oldest-first merge,
+    # the second pass (one and two warpgroups).
+    ("fwd_split3_k128_gk", dict(B=1, T=640, H=2, HV=2, K=128, V=128, gate="gk", split=3, nwg=1, fwd=True)),
+    ("fwd_split4_k64_g_tail_wg2", dict(B=2, T=900, H=1, HV=2, K=64, V=128, gate="g", split=4, nwg=2, fwd=True)),
+    ("fwd_split3_svf_none", dict(B=1, T=700, H=2, HV=2, K=128, V=64, gate=None, split=3, state_v_first=True,
+                                 fwd=True)),
 ]  # fmt: skip
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}

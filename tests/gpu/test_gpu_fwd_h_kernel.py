@@ -89,9 +89,17 @@ def _fla_fwd_h():
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_kernel_matches_the_reference_and_fla(case, rng):
     a = _forward_args(case, rng)
-    got = run_probe(a)
+    _check_forward(a, run_probe(a))
+
+
+def _check_forward(a: dict, got) -> None:
+    """Every output (h, v_new, final_state, computed with a final state) within the 16-bit
+    rounding of the reference that models fla's casts, close to fla's, and no farther from
+    the reference than fla's."""
     emu = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=True, emulate_rounding=True)
     for name, o, e in zip(("h", "v_new", "final_state"), got, emu):
+        if o is None:
+            continue
         assert o.shape == e.shape, (name, o.shape, e.shape)
         assert bool(torch.isfinite(o).all()), f"{name}: an element left unwritten (NaN) or not finite"
         # within the output's 16-bit rounding of the reference (final_state is fp32)
@@ -103,6 +111,8 @@ def test_forward_kernel_matches_the_reference_and_fla(case, rng):
         fla[1] = fla[1].clone()
         fla[1][:, int(cu[-1]) :] = 0
     for name, o, f, e in zip(("h", "v_new", "final_state"), got, fla, emu):
+        if o is None:
+            continue
         assert rel_err(o, f) < 4e-3, (name, "vs fla", rel_err(o, f))
         # no farther from the reference than fla, up to the sums' order
         assert rel_err(o, e) <= 1.25 * rel_err(f, e) + 1e-5, (name, rel_err(o, e), rel_err(f, e))
@@ -285,6 +295,87 @@ def test_the_two_warpgroup_forward_kernel_matches_one_warpgroup(case, rng, monke
             continue
         assert bool(torch.isfinite(y).all()), f"{name}: left unwritten"
         assert torch.equal(x, y), name
+
+
+# ---- the forward scan's sequence split (src/split.rs; off by default: DEFAULT_ON_FWD)
+
+# case of CASES (dense) -> segments forced by KDA_DHU_SM90_SPLIT=N
+SPLIT_CASES = {
+    "gk": 3,  # 8 chunks: 3 + 3 + 2
+    "none": 4,
+    "g": 3,
+    "gk-k64": 3,  # 4 chunks: two segments of 2 (pass 1 holds only the live segment)
+    "gk-fp16": 3,
+    "gk-gva-tail": 3,  # 5 chunks, the last one short
+    "gk-svf": 3,
+    "g-svf-k64": 4,  # one chunk a segment
+    "gk-no-state": 3,
+}
+
+
+@pytest.mark.parametrize("nwg", ["1", "2"])
+@pytest.mark.parametrize("case", sorted(SPLIT_CASES))
+def test_the_forward_split_matches_the_reference_and_fla(case, nwg, rng, monkeypatch):
+    """KDA_DHU_SM90_SPLIT=N: the first pass (segment 0 with its outputs, the middle
+    segments summarized from [0 | I]), the oldest-first merge and the second pass (segments
+    1 .., the final state from the last), every output poisoned first and held to the
+    unsplit kernel's bar; the second pass on one or two warpgroups."""
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", str(SPLIT_CASES[case]))
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
+    a = _forward_args(case, rng)
+    final = a["initial_state"] is not None
+    got = run_probe(a, output_final_state=final)
+    if not final:
+        assert got[2] is None
+    _check_forward(a, got)
+
+
+def test_the_forward_split_launches_its_three_kernels_only_when_asked(rng, monkeypatch):
+    """Forced: the forward first pass, the merge, the forward kernel, in that order. Unset,
+    the forward scan is not split even where stage 4's rule would split it (B1 H2 T8192);
+    `on` applies the rule there."""
+    from test_gpu_kernel import _launched_kernels
+
+    a = _forward_args("gk", rng)
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "3")
+    monkeypatch.setenv("KDA_DHU_SM90_NWG", "1")
+    names = _launched_kernels(lambda: run_probe(a))
+    assert names == [
+        "kda_dhu_sm90_fwd_k128_bf16_sum",
+        "kda_dhu_sm90_seg_merge_k128",
+        "kda_dhu_sm90_fwd_k128_bf16",
+    ]
+    s4 = make_inputs(1, 8192, 2, 2, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
+    long = dict(
+        k=s4["k"], w=s4["w"], u=s4["dv"], g=None, gk=s4["gk"], initial_state=s4["dht"], state_v_first=False,
+        cu_seqlens=None,
+    )  # fmt: skip
+    monkeypatch.delenv("KDA_DHU_SM90_SPLIT")
+    assert _launched_kernels(lambda: run_probe(long)) == ["kda_dhu_sm90_fwd_k128_bf16"]
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "on")
+    got = []
+    names = _launched_kernels(lambda: got.append(run_probe(long)))
+    assert names[0] == "kda_dhu_sm90_fwd_k128_bf16_sum" and len(names) == 3, names
+    _check_forward(long, got[0])
+
+
+def test_the_forward_split_is_close_to_the_unsplit_kernel_and_repeatable(rng, monkeypatch):
+    """The split and the unsplit forward scan differ only where fp32 sums are rounded: h,
+    v_new and the final state agree to 16-bit rounding; the split itself is bitwise
+    repeatable."""
+    s4 = make_inputs(1, 4096, 2, 2, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
+    a = dict(
+        k=s4["k"], w=s4["w"], u=s4["dv"], g=None, gk=s4["gk"], initial_state=s4["dht"], state_v_first=False,
+        cu_seqlens=None,
+    )  # fmt: skip
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "off")
+    plain = run_probe(a)
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "4")
+    split = run_probe(a)
+    again = run_probe(a)
+    for name, x, y, z in zip(("h", "v_new", "final_state"), plain, split, again):
+        assert torch.equal(y, z), f"{name}: not repeatable"
+        assert rel_err(y, x) < 1e-2, f"{name}: {rel_err(y, x):.3e} from the unsplit kernel"
 
 
 @pytest.mark.parametrize("route", ["entry-dense", "entry-varlen", "registry-dense", "patch-varlen"])

@@ -32,7 +32,8 @@ RS_ENTRY_POINTS = [
 
 
 # The sequence split's (src/split.rs SPLIT_ENTRIES): its first pass, the kernel above with V
-# widened by K identity columns (one warpgroup), and the merge of its boundary states.
+# widened by K identity columns (one warpgroup), and the merge of its boundary states; then
+# the forward scan's first pass.
 SPLIT_ENTRY_POINTS = [
     f"kda_dhu_sm90_rs_k{k}_{dt}_sum{svf}{g}"
     for g in ("", "_g")
@@ -40,6 +41,9 @@ SPLIT_ENTRY_POINTS = [
     for k in (64, 128)
     for dt in ("bf16", "fp16")
 ] + ["kda_dhu_sm90_seg_merge_k64", "kda_dhu_sm90_seg_merge_k128"]
+# The forward scan's first pass (the FWD instance with V widened by K identity columns).
+FWD_SPLIT_ENTRY_POINTS = [name.replace("_rs_", "_fwd_") for name in SPLIT_ENTRY_POINTS[:16]]
+MERGE_ENTRY_POINTS = SPLIT_ENTRY_POINTS[16:]
 
 
 # The forward scan's (src/plan.rs FWD_ENTRIES: fla's chunk_gated_delta_rule_fwd_h on the
@@ -50,6 +54,7 @@ FWD_ENTRY_POINTS = [name.replace("_rs_", "_fwd_") for name in RS_ENTRY_POINTS]
 def test_thirty_two_register_state_entry_points():
     assert len(set(RS_ENTRY_POINTS)) == 32
     assert len(set(SPLIT_ENTRY_POINTS)) == 18
+    assert len(set(FWD_SPLIT_ENTRY_POINTS)) == 16
     assert len(set(FWD_ENTRY_POINTS)) == 32
 
 
@@ -59,7 +64,7 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
     K = 128 (<= 255, and K = 64 keeps two CTAs per SM: <= 204); two warpgroups report
     the launch's 168 (setmaxnreg gives the consumers 240)."""
     info = _core.build_info()
-    for name in RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS[:16] + FWD_ENTRY_POINTS:
+    for name in RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS[:16] + FWD_ENTRY_POINTS + FWD_SPLIT_ENTRY_POINTS:
         line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
         assert line is not None, f"{name} missing from build_info():\n{info}"
         assert line.startswith("dhu_sm90 sm_90a "), line
@@ -79,12 +84,14 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
 
 def test_the_image_holds_only_these_sm90a_entry_points():
     names = sorted(m.group(1) for m in re.finditer(r" (kda_dhu_sm90_\w+): \d+ registers", _core.build_info()))
-    assert set(names) == set(RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS + FWD_ENTRY_POINTS), names
+    assert set(names) == set(
+        RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS + FWD_ENTRY_POINTS + FWD_SPLIT_ENTRY_POINTS
+    ), names
 
 
 def test_the_merge_kernel_has_no_stack_frame():
     info = _core.build_info()
-    for name in SPLIT_ENTRY_POINTS[16:]:
+    for name in MERGE_ENTRY_POINTS:
         line = next((ln for ln in info.splitlines() if f" {name}:" in ln), None)
         assert line is not None and line.startswith("dhu_sm90 sm_90a "), (name, line)
         assert line.endswith(" 0 bytes stack frame"), line
