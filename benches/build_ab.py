@@ -1,9 +1,12 @@
 """Two or more builds of kda-dhu on one GPU (an A/B across commits): each wheel installed
 into a folder of its own, then one process per build and round, the builds alternating in
 each round, each process timing stage 4 through the default route
-(``kda_dhu.chunk_gated_delta_rule_bwd_dhu``) on bench rows.
+(``kda_dhu.chunk_gated_delta_rule_bwd_dhu``) on bench rows; ``--op fwd_h`` the forward scan
+(``kda_dhu.chunk_gated_delta_rule_fwd_h`` with KDA_DHU_FWD_H=on, on the rows' forward inputs,
+``_measure.fwd_h_row_args``: builds from 472c10c on).
 
     python3 benches/build_ab.py --wheels old=DIR_OR_WHL new=DIR_OR_WHL [--shapes a,b] [--rounds 3] [--out DIR]
+    python3 benches/build_ab.py --op fwd_h --wheels old=... new=... [--shapes b1_t65536_h32,b8_t4096_h32]
     python3 benches/build_ab.py --wheels old=x.whl new=y.whl --plan   # what would run; no GPU
 
 Why: benches/variants.py compares the variants of one build (an environment switch). A
@@ -62,8 +65,9 @@ def parse_wheels(items: list) -> list:
     return out
 
 
-def child(label: str, shapes: str, reps: int) -> int:
-    """One process of one build: the rows' GPU times as one JSON line on stdout."""
+def child(label: str, shapes: str, reps: int, op: str = "dhu") -> int:
+    """One process of one build: the rows' GPU times (`op`: stage 4 or the forward scan) as
+    one JSON line on stdout."""
     import kda_dhu
     import torch
     from kda_dhu import _measure as m
@@ -71,6 +75,7 @@ def child(label: str, shapes: str, reps: int) -> int:
     rows = {r[0]: r for r in m.SHAPES}
     out = {
         "label": label,
+        "op": op,
         "kda_dhu": os.path.dirname(kda_dhu.__file__),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -78,8 +83,13 @@ def child(label: str, shapes: str, reps: int) -> int:
         "build_flags": [ln for ln in kda_dhu._core.build_info().splitlines() if " flags: " in ln],
     }
     for name in shapes.split(","):
-        a, _ = m.row_inputs(rows[name])
-        out[name] = m.time_ms(lambda a=a: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a), warmup=5, reps=reps)
+        if op == "fwd_h":
+            a, _ = m.fwd_h_row_args(rows[name])
+            fn = kda_dhu.chunk_gated_delta_rule_fwd_h
+        else:
+            a, _ = m.row_inputs(rows[name])
+            fn = kda_dhu.chunk_gated_delta_rule_bwd_dhu
+        out[name] = m.time_ms(lambda a=a, fn=fn: fn(**a), warmup=5, reps=reps)
         del a
         torch.cuda.empty_cache()
     print(json.dumps(out), flush=True)
@@ -98,6 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--shapes", default=DEFAULT_SHAPES, help="comma-separated rows of kda_dhu._measure.SHAPES"
     )
+    ap.add_argument(
+        "--op", choices=("dhu", "fwd_h"), default="dhu", help="stage 4 (default) or the forward scan"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="processes per build, alternating")
     ap.add_argument("--reps", type=int, default=30, help="timed calls per row and process")
     ap.add_argument(
@@ -108,7 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", nargs=2, metavar=("LABEL", "SHAPES"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        return child(args.child[0], args.child[1], args.reps)
+        return child(args.child[0], args.child[1], args.reps, args.op)
     try:
         wheels = parse_wheels(args.wheels)
     except ValueError as e:
@@ -127,7 +140,9 @@ def main(argv=None) -> int:
     if args.plan:
         for label, path in wheels:
             print(f"{label}: {path} -> {os.path.join(args.site, label)}")
-        print(f"{args.rounds} round(s) of {', '.join(lab for lab, _ in wheels)}; rows {args.shapes}")
+        print(
+            f"{args.rounds} round(s) of {', '.join(lab for lab, _ in wheels)}; {args.op}; rows {args.shapes}"
+        )
         return 0
 
     for label, path in wheels:
@@ -140,6 +155,8 @@ def main(argv=None) -> int:
         for label, _ in wheels:
             env = dict(os.environ, PYTHONPATH=os.path.join(args.site, label))
             env.setdefault("KDA_DHU_NO_AUTOREGISTER", "1")
+            if args.op == "fwd_h":
+                env["KDA_DHU_FWD_H"] = "on"
             cmd = [
                 sys.executable,
                 os.path.abspath(__file__),
@@ -148,6 +165,8 @@ def main(argv=None) -> int:
                 args.shapes,
                 "--reps",
                 str(args.reps),
+                "--op",
+                args.op,
             ]
             try:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
@@ -188,7 +207,9 @@ def main(argv=None) -> int:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         record = {
-            "what": "stage 4 through the default route, builds in alternating processes (benches/build_ab.py)",
+            "what": ("the forward scan" if args.op == "fwd_h" else "stage 4")
+            + " through the default route, builds in alternating processes (benches/build_ab.py)",
+            "op": args.op,
             "gpu": procs[0]["gpu"],
             "torch": procs[0]["torch"],
             "date": datetime.date.today().isoformat(),

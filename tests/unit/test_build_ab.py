@@ -68,7 +68,7 @@ def test_plan_runs_without_a_gpu(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"old: {a} -> {tmp_path / 'site' / 'old'}" in proc.stdout
-    assert "3 round(s) of old, new" in proc.stdout
+    assert "3 round(s) of old, new; dhu" in proc.stdout
 
 
 def test_a_mistyped_shape_is_named(tmp_path):
@@ -107,3 +107,22 @@ def test_medians_and_ratios_from_the_processes(tmp_path, monkeypatch, capsys):
     record = json.load(open(tmp_path / "out" / "build_ab.json"))
     assert record["median_ms"] == {"old": {"b1_t65536_h32": 2.0}, "new": {"b1_t65536_h32": 2.2}}
     assert record["failed_processes"] == 0
+
+
+def test_plan_names_the_forward_scan(tmp_path):
+    a = _wheel(tmp_path / "old")
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--wheels", f"old={a}", f"new={a}", "--op", "fwd_h", "--plan"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "3 round(s) of old, new; fwd_h" in proc.stdout
+    bad = subprocess.run(
+        [sys.executable, SCRIPT, "--wheels", f"old={a}", f"new={a}", "--op", "fwd", "--plan"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
