@@ -93,7 +93,7 @@ struct alignas(128) DhuParams {
   DhuError* error;                // device address of the host-mapped error record, or null
   int32_t N;                      // sequences: B, or len(cu_seqlens) - 1
   int32_t seg_chunks;             // chunks per segment of a sequence split, or 0 (no split)
-  int32_t seg_first;              // the segment that blockIdx.y = hv (j = 0) runs
+  int32_t seg_first;              // the segment that blockIdx.y = hv (j = 0) runs (src/split.rs)
 };
 
 }  // namespace kda_dhu

@@ -74,7 +74,8 @@ pub struct DhuParams {
     pub n: i32,
     /// Chunks per segment of a sequence split (src/split.rs), or 0: no split.
     pub seg_chunks: i32,
-    /// The segment that blockIdx.y = hv runs (a split's first pass: 1).
+    /// The segment that blockIdx.y = hv runs (stage 4's first pass 1, its second 0; the
+    /// forward scan's first pass 0, its second 1).
     pub seg_first: i32,
 }
 

@@ -2,7 +2,7 @@
 //! its arguments and their validation. The forward call is carried by a stage-4 call
 //! (`FwdArgs::carrier`: k and w as themselves, dv = u, dht = initial_state), whose
 //! validation, plan (`CallDesc::forward`: the FWD instances of the register-state kernel,
-//! stage 4's warpgroup rule, no split), kernel parameters and launch are stage 4's; only the names in
+//! stage 4's warpgroup rule and split), kernel parameters and launch are stage 4's; only the names in
 //! the errors are the forward call's (`rename`).
 
 use crate::error::{Error, Result};

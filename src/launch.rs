@@ -779,7 +779,7 @@ pub fn launch(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
 /// that carries it (SPEC.md, "The twin"): k, w as themselves, dv = u, dht = initial_state,
 /// h0 present for a final state (dh0 = final_state), outputs dh = h, dv2 = v_new; q and do
 /// any tensors of their shapes (not read). Validated as stage 4's call, then planned as the
-/// forward scan ("capable": `CallDesc::forward`, stage 4's warpgroup rule, no split). A probe
+/// forward scan ("capable": `CallDesc::forward`, stage 4's warpgroup rule and split). A probe
 /// for the kernel's GPU tests beside the forward op's own path (`crate::forward`). No sync.
 pub fn launch_forward_probe(args: &CallArgs, outs: &Outputs, stream: u64) -> Result<()> {
     let mut desc = validate(args, true)?;

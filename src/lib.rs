@@ -705,8 +705,8 @@ op_pyfunction! {
     /// Tests only: the forward scan's kernel (fla's chunk_gated_delta_rule_fwd_h) on a
     /// stage-4 call that carries a forward call (`launch::launch_forward_probe`: k, w; dv = u;
     /// dht = initial_state; h0 given for final_state in dh0; outputs dh = h, dv2 = v_new; q
-    /// and do read by validation only). Raises as `launch`, and ValueError where the plan is
-    /// not one sm_90a warpgroup per CTA without a split. Does not synchronize.
+    /// and do read by validation only), planned as the forward op plans it (warpgroups,
+    /// `KDA_DHU_SM90_SPLIT`). Raises as `launch`. Does not synchronize.
     #[name = "_fwd_h_probe"]
     fn py_fwd_h_probe<'py>(_py; op; dh: &Bound<'py, PyAny>, dh0: Option<&Bound<'py, PyAny>>, dv2: &Bound<'py, PyAny>, stream: u64)
         signature_tail(, *, dh, dh0, dv2, stream) -> PyResult<()> {

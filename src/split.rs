@@ -31,7 +31,9 @@
 //! (`DEFAULT_ON_FWD`) until its A/B is in.
 //! Rounding: the boundary states are fp32 sums of pieces each rounded as the kernel
 //! rounds its own state (bf16 before k . dh), the kind of rounding the unsplit kernel
-//! has; the parity tests against the float64 reference decide.
+//! has; the parity tests against the float64 reference decide (the exact one: a split
+//! rounds its partial states where fla rounds the true state, so it does not follow the
+//! reference that emulates fla's casts as closely as the unsplit kernel does).
 
 use crate::plan::{Arch, DeviceInfo};
 use crate::tensor::DType;

@@ -288,8 +288,8 @@ def _fwd_h_probe(
     """Tests only: the forward scan's kernel (fla's chunk_gated_delta_rule_fwd_h) on a
     stage-4 call carrying a forward call: k, w; dv = u; dht = initial_state; h0 given for a
     final state (written to dh0); outputs dh = h, dv2 = v_new; q and do any tensors of their
-    shapes. Raises as ``launch``, and ValueError where the plan is not one sm_90a warpgroup
-    per CTA without a split. Does not synchronize."""
+    shapes; planned as the forward op plans it (warpgroups, KDA_DHU_SM90_SPLIT). Raises as
+    ``launch``. Does not synchronize."""
 
 def check_tables(
     cu_seqlens: list[int], t: int, chunk_offsets: list[int] | None = None, nt: int | None = None

@@ -198,7 +198,7 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
             )
         a[input_name] = x
     if fwd:
-        return run_forward_case(name, a, dtype)
+        return run_forward_case(name, a, dtype, split=split is not None)
     try:
         poisoned = run_kernel(a, poison=True)
     except RuntimeError as err:
@@ -229,10 +229,12 @@ def run_case(name: str, spec: dict, gen: torch.Generator) -> str:
     return ", ".join(parts)
 
 
-def run_forward_case(name: str, s4: dict, dtype) -> str:
+def run_forward_case(name: str, s4: dict, dtype, split: bool = False) -> str:
     """The forward scan on a stage-4 case's inputs: _core._fwd_h_probe into NaN-poisoned
     outputs, then kda_dhu._forward.chunk_gated_delta_rule_fwd_h (KDA_DHU_FORCE=kernel),
-    both against the float64 reference with fla's casts."""
+    both against the float64 reference with fla's casts (bar 1e-3); a split call (three
+    launches) rounds its partial states where fla does not: against the exact float64
+    reference at the stage-4 cases' bar (TOL)."""
     from kda_dhu import _core
     from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
     from kda_dhu.reference import chunk_gated_delta_rule_fwd_h_ref, rel_err
@@ -242,7 +244,8 @@ def run_forward_case(name: str, s4: dict, dtype) -> str:
     a = dict(k=k, w=w, u=u, g=s4["g"], gk=s4["gk"], initial_state=h0, state_v_first=svf, cu_seqlens=cu,
              chunk_indices=s4.get("chunk_indices"), chunk_offsets=s4.get("chunk_offsets"))  # fmt: skip
     final_wanted = h0 is not None
-    ref = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=final_wanted, emulate_rounding=True)
+    ref = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=final_wanted, emulate_rounding=not split)
+    bar, launches = (TOL[dtype], 3) if split else (1e-3, 1)
     B, T, HV, V = u.shape
     K = k.shape[3]
     N = B if cu is None else cu.shape[0] - 1
@@ -259,8 +262,8 @@ def run_forward_case(name: str, s4: dict, dtype) -> str:
     before = _core.launch_count()
     public = chunk_gated_delta_rule_fwd_h(**a, output_final_state=final_wanted)
     torch.cuda.synchronize()
-    if _core.launch_count() - before != 1:
-        raise AssertionError(f"{name}: the entry point did not launch the kernel once")
+    if _core.launch_count() - before != launches:
+        raise AssertionError(f"{name}: the entry point did not make its {launches} kernel launch(es)")
     parts = []
     for label, outs in (("poisoned", (h, v_new, final)), ("public", public)):
         for out_name, o, r in zip(("h", "v_new", "final_state"), outs, ref):
@@ -268,10 +271,10 @@ def run_forward_case(name: str, s4: dict, dtype) -> str:
                 if o is not None:
                     raise AssertionError(f"{name} {label}: {out_name} should be None")
                 continue
-            e = rel_err(o, r.to(o.dtype))
-            if not e < 1e-3:
+            e = rel_err(o, r if split else r.to(o.dtype))
+            if not e < bar:
                 raise AssertionError(
-                    f"{name} {label}: {out_name} relative error {e:.3e} (bar 1e-3; inf = non-finite / unwritten)"
+                    f"{name} {label}: {out_name} relative error {e:.3e} (bar {bar:.0e}; inf = non-finite / unwritten)"
                 )
             if label == "poisoned":
                 parts.append(f"{out_name} {e:.1e}")
