@@ -1140,7 +1140,8 @@ pub(crate) mod tests {
     #[test]
     fn the_forward_scan_plans_stage_4s_warpgroups_unsplit_on_sm90_only() {
         // B8 H32 K = V = 128: two warpgroups (256 CTAs of 128 V columns fill the H200), as for
-        // stage 4; B1 H16 T 65536: one (32 CTAs), and no split where stage 4 would take one.
+        // stage 4; B1 H16 T 65536: one (32 CTAs), and by default no split where stage 4 would
+        // take one (split::DEFAULT_ON_FWD).
         for (b, hv, t, nwg) in [(8, 32, 4096, 2u32), (1, 16, 65536, 1)] {
             let mut d = long_desc(b, hv, t);
             d.forward = true;

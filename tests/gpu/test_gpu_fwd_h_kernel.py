@@ -1,11 +1,14 @@
 """The forward scan's kernel (fla's ``chunk_gated_delta_rule_fwd_h``; the register-state
 kernel's FWD instance, cuda/dhu_sm90_regstate.cuh) against the float64 reference and fla.
 
-No host path runs it yet: ``_core._fwd_h_probe`` launches it on a stage-4 call that carries
-the forward call (k, w as themselves, dv = u, dht = initial_state, h0 given for a final
-state written to dh0; outputs dh = h, dv2 = v_new). Outputs are poisoned with NaN first;
-every output is compared: h, v_new and final_state within the 16-bit rounding of the
-reference that models fla's two operand casts, and no farther from it than fla is.
+The kernel's own tests run it through ``_core._fwd_h_probe`` (a stage-4 call that carries
+the forward call: k, w as themselves, dv = u, dht = initial_state, h0 given for a final
+state written to dh0; outputs dh = h, dv2 = v_new), the later ones through the op's entry
+points (``kda_dhu.chunk_gated_delta_rule_fwd_h``, fla's registry, ``patch()``). Outputs are
+poisoned with NaN first; every output is compared: h, v_new and final_state within the
+16-bit rounding of the reference that models fla's two operand casts, and no farther from
+it than fla is; the sequence split (KDA_DHU_SM90_SPLIT) against the exact float64
+reference, within 1.25x fla's error.
 """
 
 from __future__ import annotations
