@@ -10,7 +10,7 @@
 //
 //     X[S1 - 1] = U_{S1 - 1}[:, :V],    X[j - 1] = P_j X[j] + u_j = U_{j-1}[:, V:] X[j] + U_{j-1}[:, :V]
 //
-// for j = S1 - 1 down to 1 (fp32 fma, m ascending). The forward scan's split (rev = 1) runs
+// for j = S1 - 1 down to 1 (fp32 fma, m ascending). The forward scan's split (REV) runs
 // its segments oldest first: its first pass's launch segment j is segment j (the live one
 // j = 0, the true state leaving segment 0), its second pass runs segments 1 .. S1 from
 // X[j] = the state leaving segment j: X[0] = U_0[:, :V], X[j] = P_j X[j - 1] + u_j, the
@@ -28,9 +28,9 @@ namespace seg_merge {
 constexpr int COLS = 16;  // V columns per CTA
 constexpr int MB = 32;    // columns of P per shared-memory block
 
-template <int K>
+template <int K, bool REV = false>
 __device__ __forceinline__ void seg_merge_kernel(const float* __restrict__ u, float* __restrict__ x, int s1, int HV,
-                                                 int V, int svf, int rev) {
+                                                 int V, int svf) {
   constexpr int NTHREADS = 2 * K;
   __shared__ float xs[K][COLS];
   __shared__ float ps[K][MB + 1];  // +1: rows k and k + 1 in different banks
@@ -40,14 +40,14 @@ __device__ __forceinline__ void seg_merge_kernel(const float* __restrict__ u, fl
   const int hv = blockIdx.y;
   const int64_t row = int64_t(blockIdx.z) * s1;
   const int VW = V + K;
-  // Element (kk, c) of U_j and (k, c) of X[j] (rev: of U_{S1-1-j}, X[S1-1-j]).
+  // Element (kk, c) of U_j and (k, c) of X[j] (REV: of U_{S1-1-j}, X[S1-1-j]).
   auto u_at = [&](int j, int kk, int c) -> int64_t {
-    if (rev) j = s1 - 1 - j;
+    if constexpr (REV) j = s1 - 1 - j;
     const int64_t base = ((row + j) * HV + hv) * int64_t(K) * VW;
     return base + (svf ? int64_t(c) * K + kk : int64_t(kk) * VW + c);
   };
   auto x_at = [&](int j, int c) -> int64_t {
-    if (rev) j = s1 - 1 - j;
+    if constexpr (REV) j = s1 - 1 - j;
     const int64_t base = ((row + j) * HV + hv) * int64_t(K) * V;
     return base + (svf ? int64_t(c) * K + k : int64_t(k) * V + c);
   };

@@ -21,8 +21,8 @@
 // it, 2-3 % faster per chunk below one wave: benches/NOTES.md). Then a sequence split's
 // kernels (src/split.rs; SPLIT_ENTRIES there): its first pass (`_sum`: the kernel with V
 // widened by K identity columns, one warpgroup, [K, V] and [V, K] states, without and with
-// g), the merge of its boundary states (K 64 / 128), and the forward scan's first pass
-// (`_fwd_.._sum`, the same sixteen shapes). Then the forward scan's (`_fwd`,
+// g), the merge of its boundary states (K 64 / 128), the forward scan's first pass
+// (`_fwd_.._sum`, the same sixteen shapes) and its merge (oldest first). Then the forward scan's (`_fwd`,
 // fla's chunk_gated_delta_rule_fwd_h: the kernel's FWD instance; K 64 / 128 x bf16 / fp16,
 // one or two warpgroups, [K, V] and [V, K] states, without and with g).
 #define KDA_DHU_SM90_RS_ENTRY(NAME, K, T, NWG, SVF, G)                                       \
@@ -45,10 +45,10 @@
       NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                   \
     kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, NWG, SVF, G, false, true>(p);           \
   }
-#define KDA_DHU_SEG_MERGE_ENTRY(NAME, K)                                                              \
+#define KDA_DHU_SEG_MERGE_ENTRY(NAME, K, REV)                                                         \
   extern "C" __global__ void __launch_bounds__(2 * K, 1)                                               \
-      NAME(const float* u, float* x, int s1, int HV, int V, int svf, int rev) {                       \
-    kda_dhu::seg_merge::seg_merge_kernel<K>(u, x, s1, HV, V, svf, rev);                                \
+      NAME(const float* u, float* x, int s1, int HV, int V, int svf) {                                \
+    kda_dhu::seg_merge::seg_merge_kernel<K, REV>(u, x, s1, HV, V, svf);                                \
   }
 
 KDA_DHU_SM90_RS_ENTRY(kda_dhu_sm90_rs_k64_bf16, 64, cutlass::bfloat16_t, 1, false, false)
@@ -99,8 +99,8 @@ KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k64_bf16_sum_svf_g, 64, cutlass::bfloat16
 KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k64_fp16_sum_svf_g, 64, cutlass::half_t, true, true)
 KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_bf16_sum_svf_g, 128, cutlass::bfloat16_t, true, true)
 KDA_DHU_SM90_SUM_ENTRY(kda_dhu_sm90_rs_k128_fp16_sum_svf_g, 128, cutlass::half_t, true, true)
-KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k64, 64)
-KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k128, 128)
+KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k64, 64, false)
+KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_seg_merge_k128, 128, false)
 KDA_DHU_SM90_FWD_SUM_ENTRY(kda_dhu_sm90_fwd_k64_bf16_sum, 64, cutlass::bfloat16_t, false, false)
 KDA_DHU_SM90_FWD_SUM_ENTRY(kda_dhu_sm90_fwd_k64_fp16_sum, 64, cutlass::half_t, false, false)
 KDA_DHU_SM90_FWD_SUM_ENTRY(kda_dhu_sm90_fwd_k128_bf16_sum, 128, cutlass::bfloat16_t, false, false)
@@ -117,6 +117,8 @@ KDA_DHU_SM90_FWD_SUM_ENTRY(kda_dhu_sm90_fwd_k64_bf16_sum_svf_g, 64, cutlass::bfl
 KDA_DHU_SM90_FWD_SUM_ENTRY(kda_dhu_sm90_fwd_k64_fp16_sum_svf_g, 64, cutlass::half_t, true, true)
 KDA_DHU_SM90_FWD_SUM_ENTRY(kda_dhu_sm90_fwd_k128_bf16_sum_svf_g, 128, cutlass::bfloat16_t, true, true)
 KDA_DHU_SM90_FWD_SUM_ENTRY(kda_dhu_sm90_fwd_k128_fp16_sum_svf_g, 128, cutlass::half_t, true, true)
+KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_fwd_seg_merge_k64, 64, true)
+KDA_DHU_SEG_MERGE_ENTRY(kda_dhu_sm90_fwd_seg_merge_k128, 128, true)
 KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_bf16, 64, cutlass::bfloat16_t, 1, false, false)
 KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k64_fp16, 64, cutlass::half_t, 1, false, false)
 KDA_DHU_SM90_FWD_ENTRY(kda_dhu_sm90_fwd_k128_bf16, 128, cutlass::bfloat16_t, 1, false, false)

@@ -554,8 +554,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // (sequence, value head) of the state read (dht) and of the state written (dh0)
   // (blockIdx.z afresh: see ctaid_z). Without a split both are n * HV + hv. A split's
   // second pass reads its boundary states at blockIdx.y's place and writes dh0 from
-  // segment 0 only (FWD: the final state from its last segment); its first pass reads the
-  // caller's dht and writes every CTA's last state to its [.., K, V + K] buffer at
+  // segment 0 only; its first pass reads the caller's dht and writes every CTA's last state to its [.., K, V + K] buffer at
   // blockIdx.y's place.
   const int64_t nh_row = int64_t(ctaid_z()) * p.HV + hv;
   const int64_t nh_grid = int64_t(ctaid_z()) * gridDim.y + blockIdx.y;
@@ -588,10 +587,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
 
   // dh0 = b after the oldest chunk (a split: see nh_out); FWD: final_state = b after the
-  // newest chunk (a split's second pass: from its last segment, blockIdx.y >= (S1 - 1) HV,
-  // read here rather than kept across the chunk loop).
+  // newest chunk (never split: src/split.rs splits a forward call only without one).
   auto store_dh0 = [&]() {
-    if (SUMMARY || ((p.flags & FLAG_DH0) && (FWD ? int(blockIdx.y) + p.HV >= int(gridDim.y) : seg == 0))) {
+    if (SUMMARY || ((p.flags & FLAG_DH0) && seg == 0)) {
       CUTE_UNROLL
       for (int e = 0; e < NS; e += 2) {
         const int v = fg.row(e), k = fg.col(e);

@@ -920,8 +920,7 @@ fn launch_split(
         )?;
         let (mut mu, mut mx) = (u, x);
         let (mut s1, mut hv, mut v, mut svf) = (sp.segments as i32 - 1, params.hv, params.v, i32::from(config.svf));
-        let mut rev = i32::from(config.forward);
-        let mslot = split::merge_slot(config.k);
+        let mslot = split::merge_slot(config.k, config.forward);
         one.run(
             SPLIT_ENTRIES[mslot],
             kernels.split[mslot].0,
@@ -935,7 +934,6 @@ fn launch_split(
                 &mut hv as *mut i32 as *mut c_void,
                 &mut v as *mut i32 as *mut c_void,
                 &mut svf as *mut i32 as *mut c_void,
-                &mut rev as *mut i32 as *mut c_void,
             ],
         )?;
         one.run(name, f, config.grid, block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
@@ -946,8 +944,8 @@ fn launch_split(
 
 /// The two passes' DhuParams from the call's (src/split.rs): pass 1 from dht into U
 /// (segments 1 .., every CTA's last state), pass 2 from X (segments 0 .., dh0 from
-/// segment 0). The forward scan's (`forward`): pass 1 over segments 0 .., pass 2 over
-/// segments 1 .. (the final state from the last).
+/// segment 0). The forward scan's (`forward`, never with a final state): pass 1 over
+/// segments 0 .., pass 2 over segments 1 ...
 pub fn split_params(params: &DhuParams, sp: Split, u: u64, x: u64, forward: bool) -> (DhuParams, DhuParams) {
     let mut p1 = *params;
     p1.seg_chunks = sp.seg_chunks as i32;

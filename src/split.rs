@@ -27,8 +27,10 @@
 //! summarizes segments 1 .. S - 2 (the FWD instance's `_sum` kernels, from [0 | I] with
 //! u's K extra columns zero: [b_s | P_s] of h <- A_c h + b_c); the merge runs oldest
 //! first (X[0] = the state leaving segment 0, X[j] = P_j X[j - 1] + b_j); pass 2 runs
-//! segments 1 .. S - 1 from X, the last one writing final_state. Off unless asked
-//! (`DEFAULT_ON_FWD`) until its A/B is in.
+//! segments 1 .. S - 1 from X. Only calls without a final state (output_final_state =
+//! False, as fla's training steps call it): the FWD kernels write final_state from the
+//! launch's first segment, as in every unsplit call. Off unless asked (`DEFAULT_ON_FWD`)
+//! until its A/B is in.
 //! Rounding: the boundary states are fp32 sums of pieces each rounded as the kernel
 //! rounds its own state (bf16 before k . dh), the kind of rounding the unsplit kernel
 //! has; the parity tests against the float64 reference decide (the exact one: a split
@@ -103,7 +105,8 @@ pub fn rule_segments(desc: &CallDesc, dev: &DeviceInfo) -> Option<i64> {
 
 /// The split of a call that the planner sends to the sm_90a kernel, or None.
 pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch) -> Option<Split> {
-    if arch != Arch::Sm90 || desc.varlen() {
+    // A forward call's final state comes from the launch's first segment (see above).
+    if arch != Arch::Sm90 || desc.varlen() || (desc.forward && desc.has_h0) {
         return None;
     }
     let default_on = if desc.forward { DEFAULT_ON_FWD } else { DEFAULT_ON };
@@ -129,8 +132,8 @@ pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch)
 /// The split's kernels in the sm_90a image (cuda/dhu_sm90.cu), in slot order: stage 4's
 /// first pass (k64/k128 x bf16/fp16, then those with state_v_first, then those eight with
 /// the scalar gate g), the merge (K 64, 128), then the forward scan's first pass (the same
-/// sixteen shapes).
-pub const SPLIT_ENTRIES: [&str; 34] = [
+/// sixteen shapes) and its merge (K 64, 128).
+pub const SPLIT_ENTRIES: [&str; 36] = [
     "kda_dhu_sm90_rs_k64_bf16_sum",
     "kda_dhu_sm90_rs_k64_fp16_sum",
     "kda_dhu_sm90_rs_k128_bf16_sum",
@@ -165,10 +168,14 @@ pub const SPLIT_ENTRIES: [&str; 34] = [
     "kda_dhu_sm90_fwd_k64_fp16_sum_svf_g",
     "kda_dhu_sm90_fwd_k128_bf16_sum_svf_g",
     "kda_dhu_sm90_fwd_k128_fp16_sum_svf_g",
+    "kda_dhu_sm90_fwd_seg_merge_k64",
+    "kda_dhu_sm90_fwd_seg_merge_k128",
 ];
 
-/// The first slot of the forward scan's first-pass kernels in SPLIT_ENTRIES.
+/// The first slot of the forward scan's first-pass kernels in SPLIT_ENTRIES, and of its
+/// merge kernels.
 const FWD_SUMMARY_FIRST: usize = 18;
+const FWD_MERGE_FIRST: usize = 34;
 
 /// Slot in SPLIT_ENTRIES of the first pass's kernel (`g`: the call has the scalar gate;
 /// `forward`: the forward scan's).
@@ -180,25 +187,21 @@ pub fn summary_slot(k: u32, dtype: DType, svf: bool, g: bool, forward: bool) -> 
         + if g { 8 } else { 0 }
 }
 
-/// Slot in SPLIT_ENTRIES of the merge kernel.
-pub fn merge_slot(k: u32) -> usize {
-    if k == 64 {
-        16
-    } else {
-        17
-    }
+/// Slot in SPLIT_ENTRIES of the merge kernel (`forward`: the forward scan's, oldest first).
+pub fn merge_slot(k: u32, forward: bool) -> usize {
+    (if forward { FWD_MERGE_FIRST } else { 16 }) + usize::from(k != 64)
 }
 
 /// Whether SPLIT_ENTRIES[slot] is a first-pass kernel (dynamic shared memory: the
 /// one-warpgroup map) rather than the merge (static shared memory only).
 pub fn is_summary_slot(slot: usize) -> bool {
-    !(16..FWD_SUMMARY_FIRST).contains(&slot)
+    slot < 16 || (FWD_SUMMARY_FIRST..FWD_MERGE_FIRST).contains(&slot)
 }
 
 /// The K of SPLIT_ENTRIES[slot].
 pub fn slot_k(slot: usize) -> u32 {
     let first = if slot >= FWD_SUMMARY_FIRST { FWD_SUMMARY_FIRST } else { 0 };
-    if (is_summary_slot(slot) && (slot - first) % 4 < 2) || slot == 16 {
+    if (is_summary_slot(slot) && (slot - first) % 4 < 2) || slot == 16 || slot == FWD_MERGE_FIRST {
         64
     } else {
         128
@@ -249,9 +252,13 @@ mod tests {
         // Too short: fewer than 3 x 32 chunks.
         assert_eq!(rule_segments(&long(1, 16, 64 * 95), &H200), None);
         assert_eq!(rule_segments(&long(1, 16, 64 * 96), &H200), Some(3));
-        // The forward scan: the same rule, off unless asked (DEFAULT_ON_FWD).
+        // The forward scan: the same rule, off unless asked (DEFAULT_ON_FWD), and never with a
+        // final state (output_final_state: has_h0 of the carrier).
         let mut f = long(1, 16, 65536);
         f.forward = true;
+        f.has_h0 = true;
+        assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Segments(3)), None);
+        f.has_h0 = false;
         assert_eq!(rule_segments(&f, &H200), Some(3));
         let asked = split(&f, &H200, Arch::Sm90, SplitSwitch::Rule);
         assert_eq!(asked, Some(Split { segments: 3, seg_chunks: 342 }));
@@ -311,7 +318,8 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(SPLIT_ENTRIES[merge_slot(k)], format!("kda_dhu_sm90_seg_merge_k{k}"));
+            assert_eq!(SPLIT_ENTRIES[merge_slot(k, false)], format!("kda_dhu_sm90_seg_merge_k{k}"));
+            assert_eq!(SPLIT_ENTRIES[merge_slot(k, true)], format!("kda_dhu_sm90_fwd_seg_merge_k{k}"));
         }
         let d = long(1, 16, 65536);
         let sh = shape(&d, Split { segments: 3, seg_chunks: 342 });

@@ -45,7 +45,13 @@ CASES = {
 
 
 def _forward_args(case: str, rng) -> dict:
-    kw = dict(CASES[case])
+    return _forward_inputs(CASES[case], rng)
+
+
+def _forward_inputs(spec: dict, rng) -> dict:
+    """The forward call (k, w, u = dv, the gates, initial_state = dht, the packing) of the
+    stage-4 inputs make_inputs draws for `spec` (its arguments, dtype among them)."""
+    kw = dict(spec)
     dtype = kw.pop("dtype", torch.bfloat16)
     s4 = make_inputs(**kw, dtype=dtype, device="cuda", generator=rng)
     return dict(
@@ -320,22 +326,21 @@ SPLIT_CASES = {
 
 
 def _split_args(case: str, rng) -> dict:
-    kw = dict(SPLIT_CASES[case][0])
-    dtype = kw.pop("dtype", torch.bfloat16)
-    s4 = make_inputs(**kw, dtype=dtype, device="cuda", generator=rng)
-    return dict(
-        k=s4["k"], w=s4["w"], u=s4["dv"], g=s4["g"], gk=s4["gk"], initial_state=s4["dht"],
-        state_v_first=s4["state_v_first"], cu_seqlens=s4["cu_seqlens"],
-    )  # fmt: skip
+    return _forward_inputs(SPLIT_CASES[case][0], rng)
+
+
+# A long dense call: 128 chunks (stage 4's rule: 4 segments of 32).
+LONG = dict(B=1, T=8192, H=2, HV=2, K=128, V=128, gate="gk")
 
 
 def _check_forward_split(a: dict, got, tol_factor: float = 1.25) -> None:
-    """A split call rounds its partial states (a summarized segment's state and P_s) where
-    fla rounds the true state, so it is held to stage 4's split bar: every output within
-    1.25x fla's error against the exact float64 reference (no emulated rounding), and close
-    to fla's."""
-    exact = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=True, emulate_rounding=False)
-    fla = _fla_fwd_h()(**a, output_final_state=True, save_new_value=True)
+    """A split call (h, v_new; no final state) rounds its partial states (a summarized
+    segment's state and P_s) where fla rounds the true state, so it is held to stage 4's
+    split bar: every output within 1.25x fla's error against the exact float64 reference
+    (no emulated rounding), and close to fla's."""
+    assert got[2] is None
+    exact = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=False, emulate_rounding=False)
+    fla = _fla_fwd_h()(**a, output_final_state=False, save_new_value=True)
     for name, o, f, r in zip(("h", "v_new", "final_state"), got, fla, exact):
         if o is None:
             continue
@@ -349,66 +354,57 @@ def _check_forward_split(a: dict, got, tol_factor: float = 1.25) -> None:
 @pytest.mark.parametrize("nwg", ["1", "2"])
 @pytest.mark.parametrize("case", sorted(SPLIT_CASES))
 def test_the_forward_split_matches_the_reference_and_fla(case, nwg, rng, monkeypatch):
-    """KDA_DHU_SM90_SPLIT=N: the first pass (segment 0 with its outputs, the middle
-    segments summarized from [0 | I]), the oldest-first merge and the second pass (segments
-    1 .., the final state from the last), every output poisoned first; the second pass on
-    one or two warpgroups; the three launches by count."""
+    """KDA_DHU_SM90_SPLIT=N on a call without a final state: the first pass (segment 0 with
+    its outputs, the middle segments summarized from [0 | I]), the oldest-first merge and
+    the second pass (segments 1 ..), every output poisoned first; the second pass on one or
+    two warpgroups; the three launches by count."""
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", str(SPLIT_CASES[case][1]))
     monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
     a = _split_args(case, rng)
-    final = a["initial_state"] is not None
     before = _core.launch_count()
-    got = run_probe(a, output_final_state=final)
+    got = run_probe(a, output_final_state=False)
     assert _core.launch_count() - before == 3
-    if not final:
-        assert got[2] is None
     _check_forward_split(a, got)
 
 
 def test_the_forward_split_launches_its_three_kernels_only_when_asked(rng, monkeypatch):
-    """Forced: the forward first pass, the merge, the forward kernel, in that order. Unset,
-    the forward scan is not split even where stage 4's rule would split it (B1 H2 T8192);
-    `on` applies the rule there."""
+    """Forced: the forward first pass, the forward merge, the forward kernel, in that order;
+    a call with a final state is never split. Unset, the forward scan is not split even where
+    stage 4's rule would split it (B1 H2 T8192); `on` applies the rule there."""
     from test_gpu_kernel import _launched_kernels
 
     a = _split_args("gk", rng)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "3")
     monkeypatch.setenv("KDA_DHU_SM90_NWG", "1")
-    names = _launched_kernels(lambda: run_probe(a))
+    names = _launched_kernels(lambda: run_probe(a, output_final_state=False))
     assert names == [
         "kda_dhu_sm90_fwd_k128_bf16_sum",
-        "kda_dhu_sm90_seg_merge_k128",
+        "kda_dhu_sm90_fwd_seg_merge_k128",
         "kda_dhu_sm90_fwd_k128_bf16",
     ]
-    s4 = make_inputs(1, 8192, 2, 2, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
-    long = dict(
-        k=s4["k"], w=s4["w"], u=s4["dv"], g=None, gk=s4["gk"], initial_state=s4["dht"], state_v_first=False,
-        cu_seqlens=None,
-    )  # fmt: skip
+    assert _launched_kernels(lambda: run_probe(a)) == ["kda_dhu_sm90_fwd_k128_bf16"]
+    long = _forward_inputs(LONG, rng)
     monkeypatch.delenv("KDA_DHU_SM90_SPLIT")
-    assert _launched_kernels(lambda: run_probe(long)) == ["kda_dhu_sm90_fwd_k128_bf16"]
+    assert _launched_kernels(lambda: run_probe(long, output_final_state=False)) == [
+        "kda_dhu_sm90_fwd_k128_bf16"
+    ]
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "on")
     got = []
-    names = _launched_kernels(lambda: got.append(run_probe(long)))
+    names = _launched_kernels(lambda: got.append(run_probe(long, output_final_state=False)))
     assert names[0] == "kda_dhu_sm90_fwd_k128_bf16_sum" and len(names) == 3, names
     _check_forward_split(long, got[0])
 
 
 def test_the_forward_split_is_close_to_the_unsplit_kernel_and_repeatable(rng, monkeypatch):
-    """The split and the unsplit forward scan differ only where fp32 sums are rounded: h,
-    v_new and the final state agree to 16-bit rounding; the split itself is bitwise
-    repeatable."""
-    s4 = make_inputs(1, 4096, 2, 2, 128, 128, torch.bfloat16, "gk", device="cuda", generator=rng)
-    a = dict(
-        k=s4["k"], w=s4["w"], u=s4["dv"], g=None, gk=s4["gk"], initial_state=s4["dht"], state_v_first=False,
-        cu_seqlens=None,
-    )  # fmt: skip
+    """The split and the unsplit forward scan differ only where fp32 sums are rounded: h and
+    v_new agree to 16-bit rounding; the split itself is bitwise repeatable."""
+    a = _forward_inputs(dict(LONG, T=4096), rng)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "off")
-    plain = run_probe(a)
+    plain = run_probe(a, output_final_state=False)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "4")
-    split = run_probe(a)
-    again = run_probe(a)
-    for name, x, y, z in zip(("h", "v_new", "final_state"), plain, split, again):
+    split = run_probe(a, output_final_state=False)
+    again = run_probe(a, output_final_state=False)
+    for name, x, y, z in zip(("h", "v_new"), plain, split, again):
         assert torch.equal(y, z), f"{name}: not repeatable"
         assert rel_err(y, x) < 1e-2, f"{name}: {rel_err(y, x):.3e} from the unsplit kernel"
 

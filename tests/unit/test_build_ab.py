@@ -48,24 +48,15 @@ def test_bad_wheels_are_named(tmp_path, items, match):
         build_ab.parse_wheels(items)
 
 
+def _script(*args):
+    """build_ab.py in a process of its own (no GPU: --plan or an argument error)."""
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+
+
 def test_plan_runs_without_a_gpu(tmp_path):
     a = _wheel(tmp_path / "old")
     b = _wheel(tmp_path / "new")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            SCRIPT,
-            "--wheels",
-            f"old={a}",
-            f"new={b}",
-            "--plan",
-            "--site",
-            str(tmp_path / "site"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _script("--wheels", f"old={a}", f"new={b}", "--plan", "--site", str(tmp_path / "site"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"old: {a} -> {tmp_path / 'site' / 'old'}" in proc.stdout
     assert "3 round(s) of old, new; dhu" in proc.stdout
@@ -73,12 +64,7 @@ def test_plan_runs_without_a_gpu(tmp_path):
 
 def test_a_mistyped_shape_is_named(tmp_path):
     a = _wheel(tmp_path / "old")
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--wheels", f"old={a}", f"new={a}", "--shapes", "b1_t65536", "--plan"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _script("--wheels", f"old={a}", f"new={a}", "--shapes", "b1_t65536", "--plan")
     assert proc.returncode == 2
     assert "unknown shape(s) ['b1_t65536']" in proc.stderr
 
@@ -111,18 +97,8 @@ def test_medians_and_ratios_from_the_processes(tmp_path, monkeypatch, capsys):
 
 def test_plan_names_the_forward_scan(tmp_path):
     a = _wheel(tmp_path / "old")
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--wheels", f"old={a}", f"new={a}", "--op", "fwd_h", "--plan"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _script("--wheels", f"old={a}", f"new={a}", "--op", "fwd_h", "--plan")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "3 round(s) of old, new; fwd_h" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, SCRIPT, "--wheels", f"old={a}", f"new={a}", "--op", "fwd", "--plan"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = _script("--wheels", f"old={a}", f"new={a}", "--op", "fwd", "--plan")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -41,9 +41,11 @@ SPLIT_ENTRY_POINTS = [
     for k in (64, 128)
     for dt in ("bf16", "fp16")
 ] + ["kda_dhu_sm90_seg_merge_k64", "kda_dhu_sm90_seg_merge_k128"]
-# The forward scan's first pass (the FWD instance with V widened by K identity columns).
+# The forward scan's first pass (the FWD instance with V widened by K identity columns) and
+# its merge (oldest first).
 FWD_SPLIT_ENTRY_POINTS = [name.replace("_rs_", "_fwd_") for name in SPLIT_ENTRY_POINTS[:16]]
-MERGE_ENTRY_POINTS = SPLIT_ENTRY_POINTS[16:]
+FWD_MERGE_ENTRY_POINTS = ["kda_dhu_sm90_fwd_seg_merge_k64", "kda_dhu_sm90_fwd_seg_merge_k128"]
+MERGE_ENTRY_POINTS = SPLIT_ENTRY_POINTS[16:] + FWD_MERGE_ENTRY_POINTS
 
 
 # The forward scan's (src/plan.rs FWD_ENTRIES: fla's chunk_gated_delta_rule_fwd_h on the
@@ -85,7 +87,11 @@ def test_each_entry_point_was_built_without_spills_or_a_stack_frame():
 def test_the_image_holds_only_these_sm90a_entry_points():
     names = sorted(m.group(1) for m in re.finditer(r" (kda_dhu_sm90_\w+): \d+ registers", _core.build_info()))
     assert set(names) == set(
-        RS_ENTRY_POINTS + SPLIT_ENTRY_POINTS + FWD_ENTRY_POINTS + FWD_SPLIT_ENTRY_POINTS
+        RS_ENTRY_POINTS
+        + SPLIT_ENTRY_POINTS
+        + FWD_ENTRY_POINTS
+        + FWD_SPLIT_ENTRY_POINTS
+        + FWD_MERGE_ENTRY_POINTS
     ), names
 
 
