@@ -554,8 +554,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // (sequence, value head) of the state read (dht) and of the state written (dh0)
   // (blockIdx.z afresh: see ctaid_z). Without a split both are n * HV + hv. A split's
   // second pass reads its boundary states at blockIdx.y's place and writes dh0 from
-  // segment 0 only; its first pass reads the caller's dht and writes every CTA's last state to its [.., K, V + K] buffer at
-  // blockIdx.y's place.
+  // segment 0 only; its first pass reads the caller's dht and writes every CTA's last
+  // state to its [.., K, V + K] buffer at blockIdx.y's place.
   const int64_t nh_row = int64_t(ctaid_z()) * p.HV + hv;
   const int64_t nh_grid = int64_t(ctaid_z()) * gridDim.y + blockIdx.y;
   const int64_t nh_in = SUMMARY ? nh_row : nh_grid;
