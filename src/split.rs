@@ -198,10 +198,9 @@ pub fn is_summary_slot(slot: usize) -> bool {
     slot < 16 || (FWD_SUMMARY_FIRST..FWD_MERGE_FIRST).contains(&slot)
 }
 
-/// The K of SPLIT_ENTRIES[slot].
+/// The K of SPLIT_ENTRIES[slot] (its name says it: `_k64` or `_k128`).
 pub fn slot_k(slot: usize) -> u32 {
-    let first = if slot >= FWD_SUMMARY_FIRST { FWD_SUMMARY_FIRST } else { 0 };
-    if (is_summary_slot(slot) && (slot - first) % 4 < 2) || slot == 16 || slot == FWD_MERGE_FIRST {
+    if SPLIT_ENTRIES[slot].contains("_k64") {
         64
     } else {
         128
