@@ -1140,11 +1140,16 @@ pub(crate) mod tests {
     #[test]
     fn the_forward_scan_plans_stage_4s_warpgroups_unsplit_on_sm90_only() {
         // B8 H32 K = V = 128: two warpgroups (256 CTAs of 128 V columns fill the H200), as for
-        // stage 4; B1 H16 T 65536: one (32 CTAs), and by default no split where stage 4 would
-        // take one (split::DEFAULT_ON_FWD).
-        for (b, hv, t, nwg) in [(8, 32, 4096, 2u32), (1, 16, 65536, 1)] {
+        // stage 4; B1 H16 T 65536: one (32 CTAs), split in three segments as stage 4's call
+        // (split::DEFAULT_ON_FWD; without a final state), not split with one.
+        let three = Some(crate::split::Split { segments: 3, seg_chunks: 342 });
+        for (b, hv, t, nwg, split) in [(8, 32, 4096, 2u32, None), (1, 16, 65536, 1, three)] {
             let mut d = long_desc(b, hv, t);
             d.forward = true;
+            d.has_h0 = false;
+            let Plan::Kernel { config: no_final, .. } = plan(&d, &H200, Rule::Extended) else { panic!() };
+            assert_eq!((no_final.nwg, no_final.split), (nwg, split));
+            d.has_h0 = true;
             let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
             assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, nwg, None, true));
             assert_eq!(config.grid, [2 / nwg, hv as u32, b as u32]);

@@ -29,8 +29,8 @@
 //! first (X[0] = the state leaving segment 0, X[j] = P_j X[j - 1] + b_j); pass 2 runs
 //! segments 1 .. S - 1 from X. Only calls without a final state (output_final_state =
 //! False, as fla's training steps call it): the FWD kernels write final_state from the
-//! launch's first segment, as in every unsplit call. Off unless asked (`DEFAULT_ON_FWD`)
-//! until its A/B is in.
+//! launch's first segment, as in every unsplit call. On by default where the rule picks
+//! segments (`DEFAULT_ON_FWD`, with its record).
 //! Rounding: the boundary states are fp32 sums of pieces each rounded as the kernel
 //! rounds its own state (bf16 before k . dh), the kind of rounding the unsplit kernel
 //! has; the parity tests against the float64 reference decide (the exact one: a split
@@ -56,8 +56,11 @@ pub const MAX_SEGMENTS: i64 = 16;
 /// (benches/NOTES.md, "The sequence split").
 pub const DEFAULT_ON: bool = true;
 /// Whether the forward scan's split runs by default (else only under `KDA_DHU_SM90_SPLIT=on`
-/// or `=N`): off until measured (benches/NOTES.md, "The forward scan's split").
-pub const DEFAULT_ON_FWD: bool = false;
+/// or `=N`). On: the A/B on the H200 without a final state (same process as fla,
+/// benches/results/2026-12-04-NVIDIA_H200-fwd-split-ab-846f29a.json) measured B1 T65536 H16
+/// 0.955 -> 0.690 ms (fla 1.579 ms), and B1 T65536 H32 and B1 T11264 HV32, where the rule
+/// picks none, unchanged (benches/NOTES.md, "The forward scan's split").
+pub const DEFAULT_ON_FWD: bool = true;
 /// V columns per CTA of the merge kernel (cuda/dhu_seg_merge.cuh's COLS).
 pub const MERGE_COLS: i64 = 16;
 
@@ -251,7 +254,7 @@ mod tests {
         // Too short: fewer than 3 x 32 chunks.
         assert_eq!(rule_segments(&long(1, 16, 64 * 95), &H200), None);
         assert_eq!(rule_segments(&long(1, 16, 64 * 96), &H200), Some(3));
-        // The forward scan: the same rule, off unless asked (DEFAULT_ON_FWD), and never with a
+        // The forward scan: the same rule (on by default: DEFAULT_ON_FWD), and never with a
         // final state (output_final_state: has_h0 of the carrier).
         let mut f = long(1, 16, 65536);
         f.forward = true;

@@ -11,7 +11,7 @@ own Triton kernel.  Note the 'common' registry is shared by every common op
 (chunk_fwd_o, chunk_bwd_dqkwg, ...): a backend without ``<op>_verifier`` is "accepted"
 for those, then skipped because it has no ``<op>`` attribute; this backend defines
 stage 4's pair and the forward scan's (``chunk_gated_delta_rule_fwd_h``), whose verifier
-accepts only under ``KDA_DHU_FWD_H=on`` (off by default until its records are in).
+declines while ``KDA_DHU_FWD_H=off`` (on by default: its records are in benches/results/).
 
 The verifier binds the caller's arguments (Python's own binding where fla's parameters
 are 0.6's, checked once at registration; fla's signature through ``inspect`` otherwise)

@@ -306,7 +306,7 @@ def test_the_two_warpgroup_forward_kernel_matches_one_warpgroup(case, rng, monke
         assert torch.equal(x, y), name
 
 
-# ---- the forward scan's sequence split (src/split.rs; off by default: DEFAULT_ON_FWD)
+# ---- the forward scan's sequence split (src/split.rs; on by default where the rule splits: DEFAULT_ON_FWD)
 
 # name: (make_inputs arguments, segments forced by KDA_DHU_SM90_SPLIT=N); each asks for
 # enough chunks that the N segments are N (a first pass with summarized segments and
@@ -367,10 +367,10 @@ def test_the_forward_split_matches_the_reference_and_fla(case, nwg, rng, monkeyp
     _check_forward_split(a, got)
 
 
-def test_the_forward_split_launches_its_three_kernels_only_when_asked(rng, monkeypatch):
+def test_the_forward_split_launches_its_three_kernels_where_the_rule_or_the_switch_asks(rng, monkeypatch):
     """Forced: the forward first pass, the forward merge, the forward kernel, in that order;
-    a call with a final state is never split. Unset, the forward scan is not split even where
-    stage 4's rule would split it (B1 H2 T8192); `on` applies the rule there."""
+    a call with a final state is never split. Unset, the forward scan is split where stage
+    4's rule splits (B1 H2 T8192: DEFAULT_ON_FWD), and not with a final state; `off` never."""
     from test_gpu_kernel import _launched_kernels
 
     a = _split_args("gk", rng)
@@ -385,14 +385,15 @@ def test_the_forward_split_launches_its_three_kernels_only_when_asked(rng, monke
     assert _launched_kernels(lambda: run_probe(a)) == ["kda_dhu_sm90_fwd_k128_bf16"]
     long = _forward_inputs(LONG, rng)
     monkeypatch.delenv("KDA_DHU_SM90_SPLIT")
-    assert _launched_kernels(lambda: run_probe(long, output_final_state=False)) == [
-        "kda_dhu_sm90_fwd_k128_bf16"
-    ]
-    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "on")
     got = []
     names = _launched_kernels(lambda: got.append(run_probe(long, output_final_state=False)))
     assert names[0] == "kda_dhu_sm90_fwd_k128_bf16_sum" and len(names) == 3, names
     _check_forward_split(long, got[0])
+    assert _launched_kernels(lambda: run_probe(long)) == ["kda_dhu_sm90_fwd_k128_bf16"]
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "off")
+    assert _launched_kernels(lambda: run_probe(long, output_final_state=False)) == [
+        "kda_dhu_sm90_fwd_k128_bf16"
+    ]
 
 
 def test_the_forward_split_is_close_to_the_unsplit_kernel_and_repeatable(rng, monkeypatch):
