@@ -44,7 +44,10 @@ cd "$DIR"
 if [ -n "${PEER_IDS:-}" ]; then
   cp "$PEER_IDS" "$RES/ids.txt"
 else
-  timeout 120 python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>"$RES/collect.err" | grep "::" > "$RES/ids.txt"
+  # ids relative to this folder (pytest prints them from its rootdir: the repository's, where
+  # its pyproject.toml is)
+  timeout 120 python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>"$RES/collect.err" | grep "::" \
+    | sed -E 's#^(.*/)?fla_tests/##' > "$RES/ids.txt"
 fi
 n=$(wc -l < "$RES/ids.txt")
 echo "fla_peer_tests: $n tests, $SHARDS shards, fla's tests at $(cat REV 2>/dev/null || echo '?')"

@@ -33,6 +33,8 @@ def _repo(tmp_path, with_tests=True):
     (root / "scripts" / "device").mkdir(parents=True)
     for name in SCRIPTS:
         shutil.copy(os.path.join(REPO_ROOT, "scripts", "device", name), root / "scripts" / "device" / name)
+    # the repository's pytest configuration: pytest's rootdir is the repository, not fla's folder
+    (root / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
     if with_tests:
         ops = root / ".carry" / "fla_tests" / "ops"
         ops.mkdir(parents=True)
