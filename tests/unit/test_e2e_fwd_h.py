@@ -172,3 +172,33 @@ def test_tables_old_and_fwd_h_records(e2e):
     assert all(line.count("|") == n for line in lines if line.startswith("|"))
     data = next(line for line in lines if line.startswith("| kda_b8_t4096_h32 |"))
     assert "| 1.234 | 0.617 | 2.000x | 2 | 3.0e-03 |" in data and "10 timed fwd: 10 / 0" in data
+
+
+def test_launch_accounting_of_split_calls(e2e):
+    """A call the plan splits launches three kernels (first pass, merge, second pass): the
+    spies' per-call counts set what a backward and a forward should launch; a call that
+    launched two (or none while counted as the kernel's) fails."""
+    fwd_split = {
+        "rel_err": {"o": 1e-3, "final_state": 1e-3},
+        "kernel_launches": 3,
+        "fwd_h_calls": 1,
+        "call_launches": [3],
+    }
+    row = _row(True, 6, 60, 30, fwd_split)
+    row["grad_checks"][0]["call_launches"] = {"kda_dhu": {"stage4": [3], "fwd_h": [3]}}
+    assert e2e.case_failures(row, tol=2e-2) == []
+    # the record without per-call counts reads one launch per call
+    old = _row(True, 6, 60, 30, {**fwd_split, "call_launches": None})
+    del old["grad_checks"][0]["fwd"]["call_launches"]
+    msgs = e2e.case_failures(old, tol=2e-2)
+    assert any("ran 6 times for 1 stage-4 and 1 forward-scan calls" in m for m in msgs), msgs
+    # a call launching two kernels is neither a plain nor a split call
+    row["grad_checks"][0]["call_launches"] = {"kda_dhu": {"stage4": [2], "fwd_h": [4]}}
+    msgs = e2e.case_failures(row, tol=2e-2)
+    assert any("neither 1 nor 3: [2, 4]" in m for m in msgs), msgs
+    # the timed totals follow the per-call counts: 5 per backward here, not 6
+    row["grad_checks"][0]["call_launches"] = {"kda_dhu": {"stage4": [3], "fwd_h": [1]}}
+    row["grad_checks"][0]["kernel_launches"]["kda_dhu"] = 4
+    msgs = e2e.case_failures(row, tol=2e-2)
+    assert msgs == ["kda_b8_t4096_h32: 60 kernel launches in 10 timed backwards with the backend on "
+                    "(1 stage-4 call(s) and 1 forward-scan call(s) each)"], msgs  # fmt: skip
