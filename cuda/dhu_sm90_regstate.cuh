@@ -94,11 +94,19 @@
 //                           branches cost.
 //   KDA_DHU_EXP_DENSE_ONLY  the packed-batch code left out (a call with cu_seqlens traps):
 //                           what the varlen branches cost.
+//   KDA_DHU_EXP_SPLIT_LIVE  a split's first pass (SUMMARY) with a long live segment: the
+//                           live CTA runs every segment on its side of the launch's (FWD:
+//                           segments 0 .. seg_first; stage 4: its own to the last), while
+//                           the others summarize one segment each (src/split.rs, `live`).
+//                           A launch with one live segment runs as without it.
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
 #endif
 #ifndef KDA_DHU_EXP_DENSE_ONLY
 #define KDA_DHU_EXP_DENSE_ONLY 0
+#endif
+#ifndef KDA_DHU_EXP_SPLIT_LIVE
+#define KDA_DHU_EXP_SPLIT_LIVE 0
 #endif
 
 namespace kda_dhu {
@@ -335,7 +343,21 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // 0's first bytes, free until the barrier below), kept in shared memory across the
   // role split (values live across it would spill in the producer's few registers).
   {
-    const SeqExtent e = sequence_extent<num_threads<NWG>()>(p, n, reinterpret_cast<int64_t*>(smem));
+    SeqExtent e = sequence_extent<num_threads<NWG>()>(p, n, reinterpret_cast<int64_t*>(smem));
+    if constexpr (SUMMARY && KDA_DHU_EXP_SPLIT_LIVE) {
+      // The live segment reaches the sequence's start (FWD: chunks 0 .. the end of launch
+      // segment 0) or its end (stage 4): with one live segment, its own extent.
+      if (live) {
+        if constexpr (FWD) {
+          e.len = min(int64_t(p.seg_first + 1) * p.seg_chunks * BT, p.T);
+          e.bos = 0;
+          e.boh = int64_t(n) * p.NT;
+        } else {
+          e.len = p.T - e.bos;
+        }
+        e.nc = int(chunks_of(e.len));
+      }
+    }
     if (tid == 0) e.store(smem + Map::EXT_OFF);
   }
   if (tid == 0) {

@@ -7,7 +7,7 @@
 //! | `KDA_DHU_FORCE` | `kernel`, `fla` | force a path (debugging), the same on every route (direct entry points, `kda_dhu_b2a`, the custom op, fla's registry: its verifier reads it once per call and hands the reading to the implementation): `kernel` runs the kernel wherever it can compute the call (the planner's "capable" rule) and raises where it cannot; `fla` always runs fla's function; another value raises, naming the switch; inputs in host memory run the CPU implementation either way |
 //! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
-//! | `KDA_DHU_SM90_SPLIT` | `on`, `off`, an integer >= 2 | Hopper kernel, dense calls: the sequence split below one wave (src/split.rs): `on` where its rule picks one, `off` never, `N` N segments wherever a split can run (tests, measurements); unset: the default (`split::DEFAULT_ON`; the forward scan's `split::DEFAULT_ON_FWD`) |
+//! | `KDA_DHU_SM90_SPLIT` | `on`, `off`, an integer >= 2 | Hopper kernel, dense calls: the sequence split below one wave (src/split.rs): `on` where its rule picks one, `off` never, `N` N segments wherever a split can run (tests, measurements); `live` / `N:L` a long live segment (the rule `split::rule_live` / N segments, L live: only with the KDA_DHU_EXP_SPLIT_LIVE experiment's kernels, else `on` / `N`); unset: the default (`split::DEFAULT_ON`; the forward scan's `split::DEFAULT_ON_FWD`) |
 //! | `KDA_DHU_SM100` | `check`, `wait`, `on`, `off` | Blackwell kernel (python/kda_dhu/_selfcheck.py): unset or `check`, each shape signature runs fla until a check in a child process passed it (in the background); `wait`, the signature's first call waits for that verdict; `on`, the kernel runs unchecked; `off`, never |
 //! | `KDA_DHU_CACHE_DIR` | a folder | where the Blackwell kernel's check keeps its verdicts (else `$XDG_CACHE_HOME/kda_dhu`, else `~/.cache/kda_dhu`): a path, so read as it is (not lower-cased) by python/kda_dhu/_selfcheck_cache.py, not here |
 //! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
@@ -64,7 +64,7 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (FORCE, "kernel|fla: force a path (debugging)"),
     (CHECK_INPUTS, "1: check packed-batch tables on the host before each call (synchronizes)"),
     (SM90_NWG, "1|2: Hopper kernel's consumer warpgroups per CTA (measurements)"),
-    (SM90_SPLIT, "on|off|N: Hopper kernel's sequence split below one wave (N: that many segments)"),
+    (SM90_SPLIT, "on|off|N|live|N:L: Hopper kernel's sequence split below one wave (N: that many segments; live, N:L: a long live segment, an experiment's build only)"),
     (SM100, "check|wait|on|off: the Blackwell kernel's check in a child process (on: unchecked, off: never)"),
     (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
@@ -127,15 +127,24 @@ pub fn sm90_nwg() -> Option<u32> {
 /// `KDA_DHU_SM90_SPLIT`: `on`, `off`, an integer >= 2; unset (or another value) is the
 /// default.
 pub fn sm90_split() -> crate::split::SplitSwitch {
+    split_switch(value(SM90_SPLIT).as_deref())
+}
+
+/// The reading of a `KDA_DHU_SM90_SPLIT` value (trimmed, lower-cased; None: unset).
+fn split_switch(v: Option<&str>) -> crate::split::SplitSwitch {
     use crate::split::SplitSwitch;
-    match value(SM90_SPLIT).as_deref() {
+    match v {
         None => SplitSwitch::Default,
         Some("on") => SplitSwitch::Rule,
         Some("off") => SplitSwitch::Off,
+        Some("live") => SplitSwitch::LiveRule,
         Some(v) => match v.parse::<u32>() {
             Ok(n) if n >= 2 => SplitSwitch::Segments(n),
             Ok(1) => SplitSwitch::Off,
-            _ => SplitSwitch::Default,
+            _ => match v.split_once(':').map(|(n, l)| (n.parse::<u32>(), l.parse::<u32>())) {
+                Some((Ok(n), Ok(l))) if n >= 2 && l >= 1 && l < n => SplitSwitch::SegmentsLive(n, l),
+                _ => SplitSwitch::Default,
+            },
         },
     }
 }
@@ -176,6 +185,25 @@ mod tests {
         std::env::set_var(FWD_H, "yes");
         assert_eq!(fwd_h().unwrap_err().to_string(), "KDA_DHU_FWD_H: expected 'on', 'off' or unset, got \"yes\"");
         std::env::remove_var(FWD_H);
+    }
+
+    #[test]
+    fn the_split_switch_values() {
+        use crate::split::SplitSwitch::*;
+        for (v, want) in [
+            (None, Default),
+            (Some("on"), Rule),
+            (Some("off"), Off),
+            (Some("1"), Off),
+            (Some("3"), Segments(3)),
+            (Some("live"), LiveRule),
+            (Some("6:2"), SegmentsLive(6, 2)),
+            (Some("6:6"), Default),
+            (Some("6:0"), Default),
+            (Some("x"), Default),
+        ] {
+            assert_eq!(split_switch(v), want, "{v:?}");
+        }
     }
 
     #[test]

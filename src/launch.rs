@@ -919,7 +919,8 @@ fn launch_split(
             &mut [&mut p1 as *mut DhuParams as *mut c_void],
         )?;
         let (mut mu, mut mx) = (u, x);
-        let (mut s1, mut hv, mut v, mut svf) = (sp.segments as i32 - 1, params.hv, params.v, i32::from(config.svf));
+        let (mut s1, mut hv, mut v, mut svf) =
+            (sp.launch_segments() as i32, params.hv, params.v, i32::from(config.svf));
         let mslot = split::merge_slot(config.k, config.forward);
         one.run(
             SPLIT_ENTRIES[mslot],
@@ -943,17 +944,19 @@ fn launch_split(
 }
 
 /// The two passes' DhuParams from the call's (src/split.rs): pass 1 from dht into U
-/// (segments 1 .., every CTA's last state), pass 2 from X (segments 0 .., dh0 from
-/// segment 0). The forward scan's (`forward`, never with a final state): pass 1 over
-/// segments 0 .., pass 2 over segments 1 ...
+/// (segments 1 .., every CTA's last state; the live one from its segment to the last),
+/// pass 2 from X (segments 0 .., dh0 from segment 0). The forward scan's (`forward`,
+/// never with a final state): pass 1 over segments live - 1 .. (the live CTA from segment
+/// 0), pass 2 over segments live ...
 pub fn split_params(params: &DhuParams, sp: Split, u: u64, x: u64, forward: bool) -> (DhuParams, DhuParams) {
+    let live = sp.live as i32;
     let mut p1 = *params;
     p1.seg_chunks = sp.seg_chunks as i32;
-    p1.seg_first = if forward { 0 } else { 1 };
+    p1.seg_first = if forward { live - 1 } else { 1 };
     p1.dh0 = u;
     let mut p2 = *params;
     p2.seg_chunks = sp.seg_chunks as i32;
-    p2.seg_first = if forward { 1 } else { 0 };
+    p2.seg_first = if forward { live } else { 0 };
     p2.dht = x;
     p2.flags |= crate::abi::FLAG_DHT;
     (p1, p2)
@@ -976,6 +979,22 @@ mod tests {
                 .as_ref()
                 .map(|_| TensorMeta::contiguous(0xe000_0000, &[n, hv, k, v], DType::F32, Device::cpu())),
             dv2: TensorMeta::contiguous(0xf000_0000, &[b, t, hv, v], args.dv.dtype, Device::cpu()),
+        }
+    }
+
+    #[test]
+    fn split_params_place_the_live_segments() {
+        use crate::abi::FLAG_DHT;
+        let params = DhuParams::zeroed();
+        for (live, fwd_p1, fwd_p2) in [(1u32, 0, 1), (2, 1, 2), (3, 2, 3)] {
+            let sp = Split { segments: 6, seg_chunks: 171, live };
+            // The forward scan: pass 1 from segment live - 1 (its live CTA from 0), pass 2 from live.
+            let (p1, p2) = split_params(&params, sp, 0x10, 0x20, true);
+            assert_eq!((p1.seg_first, p2.seg_first, p1.seg_chunks, p2.seg_chunks), (fwd_p1, fwd_p2, 171, 171));
+            assert_eq!((p1.dh0, p2.dht, p2.flags & FLAG_DHT), (0x10, 0x20, FLAG_DHT));
+            // Stage 4: pass 1 from segment 1 (its live CTA the last launch segment, to T), pass 2 from 0.
+            let (p1, p2) = split_params(&params, sp, 0x10, 0x20, false);
+            assert_eq!((p1.seg_first, p2.seg_first), (1, 0));
         }
     }
 

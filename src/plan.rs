@@ -524,8 +524,8 @@ pub fn plan(desc: &CallDesc, dev: &DeviceInfo, rule: Rule) -> Plan {
     }
     let arch = Arch::from_cc(dev.cc_major, dev.cc_minor).expect("first_failure rejects devices without a kernel");
     let split = split::split(desc, dev, arch, crate::env::sm90_split());
-    // With a split, the second pass's grid: HV x (S - 1) segments per batch row.
-    let rows = split.map_or(d.hv, |sp| d.hv * (i64::from(sp.segments) - 1));
+    // With a split, the second pass's grid: HV x (S - live) segments per batch row.
+    let rows = split.map_or(d.hv, |sp| d.hv * i64::from(sp.launch_segments()));
     let nwg = warpgroups_for(d.n * rows, desc, dev, arch, sm90_nwg_override());
     Plan::Kernel {
         arch,
@@ -1142,7 +1142,7 @@ pub(crate) mod tests {
         // B8 H32 K = V = 128: two warpgroups (256 CTAs of 128 V columns fill the H200), as for
         // stage 4; B1 H16 T 65536: one (32 CTAs), split in three segments as stage 4's call
         // (split::DEFAULT_ON_FWD; without a final state), not split with one.
-        let three = Some(crate::split::Split { segments: 3, seg_chunks: 342 });
+        let three = Some(crate::split::Split { segments: 3, seg_chunks: 342, live: 1 });
         for (b, hv, t, nwg, split) in [(8, 32, 4096, 2u32, None), (1, 16, 65536, 1, three)] {
             let mut d = long_desc(b, hv, t);
             d.forward = true;

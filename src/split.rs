@@ -65,10 +65,30 @@ pub const DEFAULT_ON_FWD: bool = true;
 pub const MERGE_COLS: i64 = 16;
 
 /// A call's split: `segments` (>= 2) of `seg_chunks` chunks each, the last one shorter.
+/// `live` (>= 1, < segments): segments the first pass's live CTA runs (the oldest `live`
+/// for the forward scan, the newest for stage 4); more than one only with the kernels of
+/// the KDA_DHU_EXP_SPLIT_LIVE experiment (`live_built`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Split {
     pub segments: u32,
     pub seg_chunks: u32,
+    pub live: u32,
+}
+
+impl Split {
+    /// Segments per batch row and value head in each pass's launch (pass 1: the live one
+    /// and the summarized ones; pass 2: those after the live ones in scan order), and in
+    /// U and X.
+    pub fn launch_segments(&self) -> u32 {
+        self.segments - self.live
+    }
+}
+
+/// Whether this build's first-pass kernels run a live segment longer than one
+/// (cuda/dhu_sm90_regstate.cuh, KDA_DHU_EXP_SPLIT_LIVE: an experiment's wheel).
+pub fn live_built() -> bool {
+    crate::kernels::BUILD_INFO.contains("-DKDA_DHU_EXP_SPLIT_LIVE")
+        && !crate::kernels::BUILD_INFO.contains("-DKDA_DHU_EXP_SPLIT_LIVE=0")
 }
 
 /// What `KDA_DHU_SM90_SPLIT` asks for.
@@ -82,6 +102,11 @@ pub enum SplitSwitch {
     Off,
     /// An integer >= 2: that many segments wherever a split can run (tests, measurements).
     Segments(u32),
+    /// `live` (the KDA_DHU_EXP_SPLIT_LIVE experiment): the rule with a long live segment
+    /// (`rule_live`); `N:L`: N segments, L of them live. Without the experiment's kernels,
+    /// `Rule` and `Segments(N)`.
+    LiveRule,
+    SegmentsLive(u32, u32),
 }
 
 /// CTAs of the first pass and of the second (one warpgroup per CTA) with S segments.
@@ -106,6 +131,40 @@ pub fn rule_segments(desc: &CallDesc, dev: &DeviceInfo) -> Option<i64> {
     })
 }
 
+/// The rule with a long live segment (the KDA_DHU_EXP_SPLIT_LIVE experiment): (S, L), S
+/// segments of which the first pass's live CTA runs L while the other CTAs summarize one
+/// each (on the SMs the live CTAs leave, in as many rounds as they need), pass 2 one
+/// segment per CTA in one wave. Time in segments: max(L, rounds) + 1 of S (the unsplit
+/// scan: S); the (S, L) of least time below S, fewer segments on a tie; None where none
+/// gains. B1 T65536 H16 K = V = 128 on 132 SMs: (6, 2), 3 of 6 (the rule above: 3, 2 of 3).
+pub fn rule_live(desc: &CallDesc, dev: &DeviceInfo) -> Option<(i64, i64)> {
+    let d = &desc.dims;
+    let nt = chunks(d.t);
+    let sms = i64::from(dev.sm_count);
+    let rows = d.b * d.hv;
+    let (tiles, wide) = (d.v / BV, (d.v + d.k) / BV);
+    let live_ctas = rows * tiles;
+    let mut best: Option<(i64, i64, i64)> = None; // (time, S, L)
+    for s in 3..=MAX_SEGMENTS {
+        if nt < s * MIN_SEGMENT_CHUNKS || sms <= live_ctas {
+            continue;
+        }
+        for l in 1..s {
+            if rows * (s - l) * tiles > sms {
+                continue;
+            }
+            let summaries = rows * (s - l - 1) * wide;
+            let rounds = (summaries + (sms - live_ctas) - 1) / (sms - live_ctas);
+            let time = l.max(rounds) + 1;
+            // time / s against best.0 / best.1, in integers
+            if time < s && best.is_none_or(|(bt, bs, _)| time * bs < bt * s) {
+                best = Some((time, s, l));
+            }
+        }
+    }
+    best.map(|(_, s, l)| (s, l))
+}
+
 /// The split of a call that the planner sends to the sm_90a kernel, or None.
 pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch) -> Option<Split> {
     // A forward call's final state comes from the launch's first segment (see above).
@@ -113,11 +172,13 @@ pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch)
         return None;
     }
     let default_on = if desc.forward { DEFAULT_ON_FWD } else { DEFAULT_ON };
-    let wanted = match switch {
+    let (wanted, live) = match switch {
         SplitSwitch::Off => return None,
         SplitSwitch::Default if !default_on => return None,
-        SplitSwitch::Default | SplitSwitch::Rule => rule_segments(desc, dev)?,
-        SplitSwitch::Segments(n) => i64::from(n),
+        SplitSwitch::LiveRule if live_built() => rule_live(desc, dev)?,
+        SplitSwitch::Default | SplitSwitch::Rule | SplitSwitch::LiveRule => (rule_segments(desc, dev)?, 1),
+        SplitSwitch::Segments(n) => (i64::from(n), 1),
+        SplitSwitch::SegmentsLive(n, l) => (i64::from(n), if live_built() { i64::from(l) } else { 1 }),
     };
     let nt = chunks(desc.dims.t);
     if wanted < 2 || nt < 2 {
@@ -125,11 +186,12 @@ pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch)
     }
     let seg_chunks = (nt + wanted - 1) / wanted;
     let segments = (nt + seg_chunks - 1) / seg_chunks;
-    // gridDim.y = HV * (S - 1) (plan.rs checks HV against the same limit).
-    if segments < 2 || desc.dims.hv * (segments - 1) > crate::plan::MAX_GRID_YZ {
+    let live = live.clamp(1, (segments - 1).max(1));
+    // gridDim.y = HV * (S - live) (plan.rs checks HV against the same limit).
+    if segments < 2 || desc.dims.hv * (segments - live) > crate::plan::MAX_GRID_YZ {
         return None;
     }
-    Some(Split { segments: segments as u32, seg_chunks: seg_chunks as u32 })
+    Some(Split { segments: segments as u32, seg_chunks: seg_chunks as u32, live: live as u32 })
 }
 
 /// The split's kernels in the sm_90a image (cuda/dhu_sm90.cu), in slot order: stage 4's
@@ -225,7 +287,7 @@ pub struct SplitShape {
 /// plan's (`KernelConfig::grid`).
 pub fn shape(desc: &CallDesc, sp: Split) -> SplitShape {
     let d = &desc.dims;
-    let s1 = i64::from(sp.segments) - 1;
+    let s1 = i64::from(sp.launch_segments());
     SplitShape {
         pass1: [((d.v + d.k) / BV) as u32, (d.hv * s1) as u32, d.b as u32],
         merge: [(d.v / MERGE_COLS) as u32, d.hv as u32, d.b as u32],
@@ -241,6 +303,40 @@ mod tests {
     use crate::plan::tests::long_desc as long;
 
     const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+
+    #[test]
+    fn the_long_live_rule_and_its_launches() {
+        // B1 H16: 32 live CTAs, 100 SMs for the summaries; (6, 2): pass 1 runs two segments'
+        // time (the live CTAs; 192 summary CTAs in two rounds), pass 2 one: 3 of 6.
+        assert_eq!(rule_live(&long(1, 16, 65536), &H200), Some((6, 2)));
+        // B1 H32 (and B1 HV32 GVA): 64 live CTAs, 68 SMs left: (4, 2), 3 of 4.
+        assert_eq!(rule_live(&long(1, 32, 65536), &H200), Some((4, 2)));
+        let mut gva = long(1, 32, 11264);
+        gva.dims.h = 16;
+        assert_eq!(rule_live(&gva, &H200), Some((4, 2)));
+        // Dense (512 CTAs) and short: none.
+        assert_eq!(rule_live(&long(8, 32, 4096), &H200), None);
+        assert_eq!(rule_live(&long(1, 16, 64 * 95), &H200), None);
+        // Through split(): only with the experiment's kernels; else stage 4's rule, one live.
+        let d = long(1, 16, 65536);
+        let plain = split(&d, &H200, Arch::Sm90, SplitSwitch::Rule);
+        let got = split(&d, &H200, Arch::Sm90, SplitSwitch::LiveRule);
+        let forced = split(&d, &H200, Arch::Sm90, SplitSwitch::SegmentsLive(4, 2));
+        if live_built() {
+            assert_eq!(got, Some(Split { segments: 6, seg_chunks: 171, live: 2 }));
+            assert_eq!(forced, Some(Split { segments: 4, seg_chunks: 256, live: 2 }));
+        } else {
+            assert_eq!(got, plain);
+            assert_eq!(forced, Some(Split { segments: 4, seg_chunks: 256, live: 1 }));
+        }
+        // The launches: S - live segments per row and head in each pass, U and X.
+        let sp = Split { segments: 6, seg_chunks: 171, live: 2 };
+        assert_eq!(sp.launch_segments(), 4);
+        let sh = shape(&d, sp);
+        assert_eq!(sh.pass1, [4, 16 * 4, 1]);
+        assert_eq!(sh.x_elems, 4 * 16 * 128 * 128);
+        assert_eq!(sh.u_elems, 4 * 16 * 128 * 256);
+    }
 
     #[test]
     fn the_rule_splits_only_below_one_wave() {
@@ -263,7 +359,7 @@ mod tests {
         f.has_h0 = false;
         assert_eq!(rule_segments(&f, &H200), Some(3));
         let asked = split(&f, &H200, Arch::Sm90, SplitSwitch::Rule);
-        assert_eq!(asked, Some(Split { segments: 3, seg_chunks: 342 }));
+        assert_eq!(asked, Some(Split { segments: 3, seg_chunks: 342, live: 1 }));
         assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Default), if DEFAULT_ON_FWD { asked } else { None });
         assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Segments(4)).map(|s| s.segments), Some(4));
         // varlen never, sm_100 never.
@@ -277,7 +373,7 @@ mod tests {
     fn the_switch_and_the_segment_arithmetic() {
         let d = long(1, 16, 65536);
         let on = split(&d, &H200, Arch::Sm90, SplitSwitch::Rule);
-        assert_eq!(on, Some(Split { segments: 3, seg_chunks: 342 }));
+        assert_eq!(on, Some(Split { segments: 3, seg_chunks: 342, live: 1 }));
         assert_eq!(split(&d, &H200, Arch::Sm90, SplitSwitch::Off), None);
         assert_eq!(split(&d, &H200, Arch::Sm90, SplitSwitch::Default), if DEFAULT_ON { on } else { None });
         // Forced counts: every segment non-empty, the last one short.
@@ -324,7 +420,7 @@ mod tests {
             assert_eq!(SPLIT_ENTRIES[merge_slot(k, true)], format!("kda_dhu_sm90_fwd_seg_merge_k{k}"));
         }
         let d = long(1, 16, 65536);
-        let sh = shape(&d, Split { segments: 3, seg_chunks: 342 });
+        let sh = shape(&d, Split { segments: 3, seg_chunks: 342, live: 1 });
         assert_eq!(sh.pass1, [4, 32, 1]);
         assert_eq!(sh.merge, [8, 16, 1]);
         assert_eq!(sh.merge_threads, 256);

@@ -160,6 +160,11 @@ CASES = [
     ("fwd_split4_k64_g_tail_wg2", dict(B=2, T=900, H=1, HV=2, K=64, V=128, gate="g", split=4, nwg=2, fwd=True)),
     ("fwd_split3_svf_none", dict(B=1, T=700, H=2, HV=2, K=128, V=64, gate=None, split=3, state_v_first=True,
                                  fwd=True)),
+    # A long live segment (KDA_DHU_SM90_SPLIT=N:L): the live CTA over two of six segments on a
+    # build with KDA_DHU_EXP_SPLIT_LIVE, six segments of one live elsewhere.
+    ("split_live6_2_k128_gk", dict(B=1, T=768, H=2, HV=2, K=128, V=128, gate="gk", split="6:2", nwg=1)),
+    ("fwd_split_live6_2_k128_gk", dict(B=1, T=768, H=2, HV=2, K=128, V=128, gate="gk", split="6:2", nwg=1,
+                                       fwd=True)),
 ]  # fmt: skip
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}

@@ -396,6 +396,35 @@ def test_the_forward_split_launches_its_three_kernels_where_the_rule_or_the_swit
     ]
 
 
+@pytest.mark.skipif(
+    "-DKDA_DHU_EXP_SPLIT_LIVE" not in _core.build_info()
+    or "-DKDA_DHU_EXP_SPLIT_LIVE=0" in _core.build_info(),
+    reason="the build lacks KDA_DHU_EXP_SPLIT_LIVE (benches/NOTES.md)",
+)
+@pytest.mark.parametrize(
+    "case, value",
+    [
+        ("gk", "6:2"),
+        ("gk", "3:2"),
+        ("g", "8:3"),
+        ("gk-k64", "4:2"),
+        ("gk-gva-tail", "5:2"),
+        ("gk-svf", "5:2"),
+    ],
+)
+def test_the_forward_split_with_a_long_live_segment(case, value, rng, monkeypatch):
+    """`N:L` (the KDA_DHU_EXP_SPLIT_LIVE experiment's wheel): the first pass's live CTA runs
+    segments 0 .. L - 1 with their outputs, the others summarize one each, pass 2 runs L ..;
+    every output held to the split's bar, three launches. The segments are of
+    ceil(NT / N) chunks, so "gk" (8 chunks) with 6:2 is four of two, two live."""
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", value)
+    a = _forward_inputs(SPLIT_CASES[case][0], rng)
+    before = _core.launch_count()
+    got = run_probe(a, output_final_state=False)
+    assert _core.launch_count() - before == 3
+    _check_forward_split(a, got)
+
+
 def test_the_forward_split_is_close_to_the_unsplit_kernel_and_repeatable(rng, monkeypatch):
     """The split and the unsplit forward scan differ only where fp32 sums are rounded: h and
     v_new agree to 16-bit rounding; the split itself is bitwise repeatable."""

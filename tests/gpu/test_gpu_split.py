@@ -126,3 +126,47 @@ def test_split_in_a_cuda_graph(rng, monkeypatch):
     torch.cuda.synchronize()
     for name, a, b in zip(("dh", "dh0", "dv2"), outs, eager):
         assert torch.equal(a, b), name
+
+
+# ---- a long live segment (the KDA_DHU_EXP_SPLIT_LIVE experiment; src/split.rs, `live`):
+# these run only on a wheel built with KDA_DHU_KERNEL_DEFINES=KDA_DHU_EXP_SPLIT_LIVE=1.
+
+
+def _live_built() -> bool:
+    from kda_dhu import _core
+
+    return (
+        "-DKDA_DHU_EXP_SPLIT_LIVE" in _core.build_info()
+        and "-DKDA_DHU_EXP_SPLIT_LIVE=0" not in _core.build_info()
+    )
+
+
+needs_live = pytest.mark.skipif(
+    not _live_built(), reason="the build lacks KDA_DHU_EXP_SPLIT_LIVE (benches/NOTES.md)"
+)
+
+# name: (make_inputs arguments, KDA_DHU_SM90_SPLIT value "N:L"); each with a summarized
+# segment (N - L >= 2) but "s3_l2" (the live CTA and pass 2 alone).
+LIVE_CASES = {
+    "gk_s6_l2": (dict(B=1, T=768, H=2, HV=2, K=128, V=128, gate="gk"), "6:2"),
+    "gk_s5_l3_b2": (dict(B=2, T=640, H=2, HV=2, K=128, V=128, gate="gk"), "5:3"),
+    "g_tail_s4_l2": (dict(B=1, T=700, H=2, HV=2, K=128, V=128, gate="g"), "4:2"),
+    "none_k64_s4_l2": (dict(B=1, T=512, H=2, HV=2, K=64, V=128, gate=None), "4:2"),
+    "gk_s3_l2": (dict(B=1, T=640, H=2, HV=2, K=128, V=128, gate="gk"), "3:2"),
+    "svf_gk_s5_l2": (dict(B=1, T=640, H=2, HV=2, K=128, V=128, gate="gk", state_v_first=True), "5:2"),
+}
+
+
+@needs_live
+@pytest.mark.parametrize("case", sorted(LIVE_CASES))
+def test_split_with_a_long_live_segment_matches_reference_and_fla(rng, monkeypatch, case):
+    """`N:L`: the first pass's live CTA runs the newest L segments, the others summarize one
+    each; every output within the kernel's bar, three launches."""
+    from kda_dhu.testing import run_kernel
+
+    kw, value = LIVE_CASES[case]
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", value)
+    args = make_inputs(**kw, dtype=torch.bfloat16, device="cuda", generator=rng)
+    _check(args)
+    names = _launched_kernels(lambda: run_kernel(args))
+    assert len(names) == 3 and names[0].endswith(("_sum", "_sum_g", "_sum_svf")), names
