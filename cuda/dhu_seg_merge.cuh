@@ -14,7 +14,10 @@
 // its segments oldest first: its first pass's launch segment j is segment j (the live one
 // j = 0, the true state leaving segment 0), its second pass runs segments 1 .. S1 from
 // X[j] = the state leaving segment j: X[0] = U_0[:, :V], X[j] = P_j X[j - 1] + u_j, the
-// same recurrence with U's and X's segment index read as S1 - 1 - j. Grid (V / 16, HV, B), 2K threads:
+// same recurrence with U's and X's segment index read as S1 - 1 - j. (With L live
+// segments, src/split.rs: launch segment j is segment L - 1 + j, the live one runs
+// segments 0 .. L - 1, the second pass L .. L + S1 - 1; stage 4's live one runs its
+// launch segment to the last.) Grid (V / 16, HV, B), 2K threads:
 // thread t owns row k = t / 2 and the 8 columns 8 (t % 2) of the CTA's 16. P is read in
 // blocks of MB columns, staged in shared memory by coalesced loads (a thread's row of P is
 // one of K strided rows: read directly, each warp load touched 16 rows).

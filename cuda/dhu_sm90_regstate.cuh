@@ -279,6 +279,8 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 // the others store nothing but their last state: from b = 0 (V tiles: u_s) and from b = I
 // (identity tiles, whose do, dv and q (FWD: u) read as zeros: P_s, the product of the
 // segment's A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
+// KDA_DHU_EXP_SPLIT_LIVE: the live CTA's extent reaches the sequence's end (stage 4) or
+// its start (FWD), covering the split's L live segments (src/split.rs, `Split::live`).
 //
 // FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"):
 // the same chain with the chunks oldest first and the products' roles swapped.

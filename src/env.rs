@@ -124,8 +124,8 @@ pub fn sm90_nwg() -> Option<u32> {
     }
 }
 
-/// `KDA_DHU_SM90_SPLIT`: `on`, `off`, an integer >= 2; unset (or another value) is the
-/// default.
+/// `KDA_DHU_SM90_SPLIT`: `on`, `off`, an integer >= 2, `live`, `N:L` (2 <= N, 1 <= L < N);
+/// unset (or another value) is the default.
 pub fn sm90_split() -> crate::split::SplitSwitch {
     split_switch(value(SM90_SPLIT).as_deref())
 }

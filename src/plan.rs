@@ -552,7 +552,7 @@ pub fn warpgroups(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: O
 }
 
 /// `warpgroups` for a grid of `rows` = gridDim.y x gridDim.z (N * HV, or a split's second
-/// pass's N * HV * (S - 1)).
+/// pass's N * HV * (S - live)).
 fn warpgroups_for(rows: i64, desc: &CallDesc, dev: &DeviceInfo, arch: Arch, override_nwg: Option<u32>) -> u32 {
     let d = &desc.dims;
     if arch != Arch::Sm90 || d.v % (2 * BV) != 0 {

@@ -36,6 +36,13 @@
 //! has; the parity tests against the float64 reference decide (the exact one: a split
 //! rounds its partial states where fla rounds the true state, so it does not follow the
 //! reference that emulates fla's casts as closely as the unsplit kernel does).
+//!
+//! A long live segment (`Split::live` = L > 1; the KDA_DHU_EXP_SPLIT_LIVE experiment's
+//! build only, `live_built`): the first pass's live CTA runs L segments (stage 4: the
+//! newest L, from its launch segment to T; the forward scan: the oldest L, from token 0
+//! to the end of its launch segment), the other CTAs summarize one each; each pass and U
+//! and X then hold S - L segments per row and head (`Split::launch_segments`), the forward
+//! scan's passes starting at segments L - 1 and L. Above, L = 1.
 
 use crate::plan::{Arch, DeviceInfo};
 use crate::tensor::DType;
@@ -86,9 +93,19 @@ impl Split {
 
 /// Whether this build's first-pass kernels run a live segment longer than one
 /// (cuda/dhu_sm90_regstate.cuh, KDA_DHU_EXP_SPLIT_LIVE: an experiment's wheel).
+/// A cubin loaded in place of the embedded image (`KDA_DHU_IMAGE_FILE`) may lack it: never
+/// with one.
 pub fn live_built() -> bool {
-    crate::kernels::BUILD_INFO.contains("-DKDA_DHU_EXP_SPLIT_LIVE")
-        && !crate::kernels::BUILD_INFO.contains("-DKDA_DHU_EXP_SPLIT_LIVE=0")
+    live_defined(crate::kernels::BUILD_INFO) && crate::env::image_file().is_none()
+}
+
+/// Whether `build_info` holds the flag `-DKDA_DHU_EXP_SPLIT_LIVE` or `=V` with V != 0.
+fn live_defined(build_info: &str) -> bool {
+    build_info.split_whitespace().any(|flag| match flag.strip_prefix("-DKDA_DHU_EXP_SPLIT_LIVE") {
+        Some("") => true,
+        Some(v) => v.strip_prefix('=').and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v != 0),
+        None => false,
+    })
 }
 
 /// What `KDA_DHU_SM90_SPLIT` asks for.
@@ -303,6 +320,15 @@ mod tests {
     use crate::plan::tests::long_desc as long;
 
     const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
+
+    #[test]
+    fn the_experiment_flag_is_read_exactly() {
+        assert!(live_defined("nvcc flags: -O3 -DKDA_DHU_EXP_SPLIT_LIVE=1 -I x"));
+        assert!(live_defined("-DKDA_DHU_EXP_SPLIT_LIVE"));
+        for info in ["", "-DKDA_DHU_EXP_SPLIT_LIVE=0", "-DKDA_DHU_EXP_SPLIT_LIVE=00", "-DKDA_DHU_EXP_SPLIT_LIVE_X=1"] {
+            assert!(!live_defined(info), "{info}");
+        }
+    }
 
     #[test]
     fn the_long_live_rule_and_its_launches() {

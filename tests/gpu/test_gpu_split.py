@@ -170,3 +170,9 @@ def test_split_with_a_long_live_segment_matches_reference_and_fla(rng, monkeypat
     _check(args)
     names = _launched_kernels(lambda: run_kernel(args))
     assert len(names) == 3 and names[0].endswith(("_sum", "_sum_g", "_sum_svf")), names
+    # L live segments, not one: the same N segments with one live (a summarized segment
+    # where the live CTA ran) round the boundary states elsewhere, so dh differs.
+    live = _run_poisoned(args)
+    monkeypatch.setenv("KDA_DHU_SM90_SPLIT", value.split(":")[0])
+    one = _run_poisoned(args)
+    assert not torch.equal(live[0], one[0]), "N:L ran as N segments with one live"
