@@ -322,17 +322,15 @@ class Stage4Spy:
         def wrapper(*args, **kwargs):
             self.calls += 1
             n0 = KernelProbe._count()
-            if not self.timing:
-                out = inner(*args, **kwargs)
-                self.launches.append(KernelProbe._count() - n0)
-                return out
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
+            if self.timing:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
             out = inner(*args, **kwargs)
-            end.record()
+            if self.timing:
+                end.record()
+                self.events.append((self.mode, self.step, start, end))
             self.launches.append(KernelProbe._count() - n0)
-            self.events.append((self.mode, self.step, start, end))
             return out
 
         wrapper.__wrapped__ = inner
@@ -609,16 +607,22 @@ def run_case(name: str, case: dict, args, probe: KernelProbe) -> dict:
 CALL_LAUNCHES = (1, 3)
 
 
+def _launch_sum(per_call, calls: int) -> tuple:
+    """(the launches a list of per-call counts sums to, the counts that are not a kernel
+    call's); None (a record without per-call counts): one launch for each of ``calls``."""
+    per_call = [1] * calls if per_call is None else per_call
+    return sum(per_call), [n for n in per_call if n not in CALL_LAUNCHES]
+
+
 def _expected_launches(c: dict, fwd_h: bool) -> tuple:
     """(kda-dhu launches one backward of grad check ``c`` should make with the backend on,
     the launches of each call that are not a kernel call's) from the spies' per-call counts
     (``call_launches``), or one per call where a record has none."""
     per = c.get("call_launches", {}).get("kda_dhu")
+    fh = c.get("fwd_h_calls", {}).get("kda_dhu", 0) if fwd_h else 0
     if per is None:
-        fh = c.get("fwd_h_calls", {}).get("kda_dhu", 0) if fwd_h else 0
-        return c["stage4_calls"]["kda_dhu"] + fh, []
-    calls = per["stage4"] + (per["fwd_h"] if fwd_h else [])
-    return sum(calls), [n for n in calls if n not in CALL_LAUNCHES]
+        return _launch_sum(None, c["stage4_calls"]["kda_dhu"] + fh)
+    return _launch_sum(per["stage4"] + (per["fwd_h"] if fwd_h else []), 0)
 
 
 def case_failures(row: dict, tol: float) -> list:
@@ -658,9 +662,7 @@ def case_failures(row: dict, tol: float) -> list:
                 )
             if fwd["fwd_h_calls"] == 0:
                 out.append(f"{where}: the forward scan was never called by the forward (spy saw no call)")
-            elif fwd["kernel_launches"] != sum(fwd.get("call_launches", [1] * fwd["fwd_h_calls"])) or any(
-                n not in CALL_LAUNCHES for n in fwd.get("call_launches", [])
-            ):
+            elif (fwd["kernel_launches"], []) != _launch_sum(fwd.get("call_launches"), fwd["fwd_h_calls"]):
                 out.append(
                     f"{where}: kda-dhu's kernel ran {fwd['kernel_launches']} times for {fwd['fwd_h_calls']} "
                     f"forward-scan calls in the forward with {FWD_H_ENV}=on"
@@ -686,7 +688,7 @@ def case_failures(row: dict, tol: float) -> list:
     if timed is not None:
         per_fwd = c0.get("fwd_h_calls_fwd", 0) if fwd_h else 0
         if fwd_h and "call_launches" in c0.get("fwd", {}):
-            per_fwd = sum(c0["fwd"]["call_launches"])
+            per_fwd = _launch_sum(c0["fwd"]["call_launches"], 0)[0]
         if timed["fla"]:
             out.append(
                 f"{row['case']}: {timed['fla']} kernel launches in the timed forwards with {BACKEND_ENV}=0"

@@ -200,7 +200,7 @@ pub struct KernelConfig {
     /// split, `grid`, `nwg` and the entry point are its second pass's.
     pub split: Option<Split>,
     /// The forward scan (fla's `chunk_gated_delta_rule_fwd_h`: the FWD instances,
-    /// `FWD_ENTRIES`; stage 4's warpgroup rule; a split only where asked, src/split.rs).
+    /// `FWD_ENTRIES`; stage 4's warpgroup rule and split rule, src/split.rs).
     pub forward: bool,
 }
 
