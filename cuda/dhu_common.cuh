@@ -212,15 +212,19 @@ __device__ __forceinline__ void report_input_error(const DhuParams& p, uint32_t 
 // their roles split (it synchronizes the CTA when the chunk offsets are summed here);
 // `scratch`: 33 int64 of shared memory, free until the CTA's next barrier. Thread 0
 // reports a failure. Dense batches: row n, all T tokens, no check.
-template <int NTHREADS>
+// SEG_REV: the launch's segments in reverse blockIdx.y order (segment j at blockIdx.y / HV =
+// segments - 1 - j), so that a stage-4 first pass dispatches its live segment first.
+template <int NTHREADS, bool SEG_REV = false>
 __device__ __forceinline__ SeqExtent sequence_extent(const DhuParams& p, int n, int64_t* scratch) {
   static_assert(NTHREADS % 32 == 0 && NTHREADS <= 1024, "whole warps");
   SeqExtent e;
   if (!(p.flags & FLAG_VARLEN)) {
     if (p.seg_chunks > 0) {
-      // Segment seg_first + blockIdx.y / HV of row n: seg_chunks chunks (the last segment
-      // up to T; the planner makes every segment non-empty).
-      const int64_t c0 = int64_t(p.seg_first + int(blockIdx.y) / p.HV) * p.seg_chunks;
+      // Segment seg_first + blockIdx.y / HV of row n (SEG_REV: counted from the launch's
+      // last): seg_chunks chunks (the last segment up to T; the planner makes every segment
+      // non-empty).
+      const int j = SEG_REV ? int(gridDim.y) / p.HV - 1 - int(blockIdx.y) / p.HV : int(blockIdx.y) / p.HV;
+      const int64_t c0 = int64_t(p.seg_first + j) * p.seg_chunks;
       e.bos = c0 * BT;
       e.len = min(int64_t(p.seg_chunks) * BT, p.T - e.bos);
       e.boh = int64_t(n) * p.NT + c0;

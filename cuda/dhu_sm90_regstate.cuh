@@ -280,7 +280,9 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 // (identity tiles, whose do, dv and q (FWD: u) read as zeros: P_s, the product of the
 // segment's A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
 // KDA_DHU_EXP_SPLIT_LIVE: the live CTA's extent reaches the sequence's end (stage 4) or
-// its start (FWD), covering the split's L live segments (src/split.rs, `Split::live`).
+// its start (FWD), covering the split's L live segments (src/split.rs, `Split::live`);
+// stage 4's launch segments run in reverse blockIdx.y order (j = last at blockIdx.y < HV),
+// so its live CTAs are dispatched first, as FWD's are.
 //
 // FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"):
 // the same chain with the chunks oldest first and the products' roles swapped.
@@ -322,9 +324,14 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint64_t* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x;
-  // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs).
-  const int seg = int(blockIdx.y) / p.HV;
-  const int hv = int(blockIdx.y) - seg * p.HV;
+  // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). With
+  // a long live segment, stage 4's first pass counts seg from its last blockIdx.y row, so
+  // that its live CTAs (the launch's newest segment) are dispatched before the summaries,
+  // which take more than the SMs they leave.
+  constexpr bool SEG_REV = SUMMARY && !FWD && KDA_DHU_EXP_SPLIT_LIVE;
+  const int seg_y = int(blockIdx.y) / p.HV;
+  const int hv = int(blockIdx.y) - seg_y * p.HV;
+  const int seg = SEG_REV ? int(gridDim.y) / p.HV - 1 - seg_y : seg_y;
   const int n = blockIdx.z;
   // SUMMARY: whether this CTA runs the launch's live segment (with outputs: the newest,
   // FWD the oldest), and whether its tile is an identity tile (past V).
@@ -345,7 +352,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // 0's first bytes, free until the barrier below), kept in shared memory across the
   // role split (values live across it would spill in the producer's few registers).
   {
-    SeqExtent e = sequence_extent<num_threads<NWG>()>(p, n, reinterpret_cast<int64_t*>(smem));
+    SeqExtent e = sequence_extent<num_threads<NWG>(), SEG_REV>(p, n, reinterpret_cast<int64_t*>(smem));
     if constexpr (SUMMARY && KDA_DHU_EXP_SPLIT_LIVE) {
       // The live segment reaches the sequence's start (FWD: chunks 0 .. the end of launch
       // segment 0) or its end (stage 4): with one live segment, its own extent.
@@ -581,7 +588,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // segment 0 only; its first pass reads the caller's dht and writes every CTA's last
   // state to its [.., K, V + K] buffer at blockIdx.y's place.
   const int64_t nh_row = int64_t(ctaid_z()) * p.HV + hv;
-  const int64_t nh_grid = int64_t(ctaid_z()) * gridDim.y + blockIdx.y;
+  const int64_t nh_grid = SEG_REV ? int64_t(ctaid_z()) * gridDim.y + (seg * p.HV + hv)
+                                  : int64_t(ctaid_z()) * gridDim.y + blockIdx.y;
   const int64_t nh_in = SUMMARY ? nh_row : nh_grid;
   const int64_t nh_out = SUMMARY ? nh_grid : nh_row;
   const int VO = SUMMARY ? p.V + K : p.V;  // columns of the state written
