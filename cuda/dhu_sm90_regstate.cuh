@@ -280,8 +280,8 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 // (identity tiles, whose do, dv and q (FWD: u) read as zeros: P_s, the product of the
 // segment's A_c). Every CTA's last state goes to dh0 = the split's [.., K, V + K] buffer.
 // KDA_DHU_EXP_SPLIT_LIVE: the live CTA's extent reaches the sequence's end (stage 4) or
-// its start (FWD), covering the split's L live segments (src/split.rs, `Split::live`);
-// stage 4's launch segments run in reverse blockIdx.y order (j = last at blockIdx.y < HV),
+// its start (FWD), covering the split's L live segments (src/split.rs, `Split::live`).
+// Stage 4's launch segments run in reverse blockIdx.y order (j = last at blockIdx.y < HV),
 // so its live CTAs are dispatched first, as FWD's are.
 //
 // FWD: the forward scan, fla's `chunk_gated_delta_rule_fwd_h` (SPEC.md, "The twin"):
@@ -324,11 +324,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint64_t* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x;
-  // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). With
-  // a long live segment, stage 4's first pass counts seg from its last blockIdx.y row, so
-  // that its live CTAs (the launch's newest segment) are dispatched before the summaries,
-  // which take more than the SMs they leave.
-  constexpr bool SEG_REV = SUMMARY && !FWD && KDA_DHU_EXP_SPLIT_LIVE;
+  // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). Stage
+  // 4's first pass counts seg from its last blockIdx.y row, so that its live CTAs (the
+  // launch's newest segment) are dispatched first, as FWD's (segment 0) are: measured
+  // 0.91 -> 0.81 ms at B1 T65536 H16 (benches/NOTES.md, "A long live segment"); with a
+  // long live segment the summaries take more SMs than the live CTAs leave.
+  constexpr bool SEG_REV = SUMMARY && !FWD;
   const int seg_y = int(blockIdx.y) / p.HV;
   const int hv = int(blockIdx.y) - seg_y * p.HV;
   const int seg = SEG_REV ? int(gridDim.y) / p.HV - 1 - seg_y : seg_y;

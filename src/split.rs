@@ -20,7 +20,9 @@
 //!    state in X as dht; segment 0 writes dh0.
 //!
 //! Pass 1 and pass 2 each walk one segment's chunks, so the time is about 2 T / S of the
-//! unsplit scan plus the merge, where both passes fit one wave: S >= 3 pays.
+//! unsplit scan plus the merge, where both passes fit one wave: S >= 3 pays. Pass 1's
+//! kernel numbers its launch segments from the last blockIdx.y row, so its live CTAs are
+//! dispatched first (B1 T65536 H16 0.91 -> 0.81 ms on the H200: benches/NOTES.md).
 //!
 //! The forward scan (fla's fwd_h, `CallDesc::forward`) splits the same way in the other
 //! direction: pass 1 runs segment 0 from initial_state with its outputs (h, v_new) and
