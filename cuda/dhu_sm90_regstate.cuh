@@ -99,6 +99,16 @@
 //                           segments 0 .. seg_first; stage 4: its own to the last), while
 //                           the others summarize one segment each (src/split.rs, `live`).
 //                           A launch with one live segment runs as without it.
+//   KDA_DHU_EXP_ABLATE      a timing probe whose results are WRONG (never a release build):
+//                           bit 0: stage 4's QD not on the tensor core, its accumulator
+//                           read from the stage's q and w slots by 16 LDS.128 per thread
+//                           where QD is issued (what a chain CTA would spend if a partner
+//                           CTA of a 2-CTA cluster computed QD and delivered it to its
+//                           shared memory); bit 1: no dh staging and no dh store. What
+//                           each costs on the chain: benches/NOTES.md, "Ablations".
+#ifndef KDA_DHU_EXP_ABLATE
+#define KDA_DHU_EXP_ABLATE 0
+#endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
 #endif
@@ -308,6 +318,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr int NS = K / 2;           // fp32 registers of b^T [64, K] per thread
   constexpr int NA = K / 4;           // registers of bf16(b^T) as an A fragment
   constexpr int ND = BT / 2;          // fp32 registers of DV^T [64, BT]
+  // KDA_DHU_EXP_ABLATE's probes (stage 4's usual instances only; wrong results).
+  constexpr bool ABL_QD = (KDA_DHU_EXP_ABLATE & 1) && !FWD && !SUMMARY && NWG == 1;
+  constexpr bool ABL_NO_DH = (KDA_DHU_EXP_ABLATE & 2) && !FWD && !SUMMARY;
+  static_assert(!ABL_QD || NS * 4 * WG_THREADS <= 2 * Map::KTILE, "QD's probe reads the q and w slots");
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
   using OpWD = typename RsAtom<T, K, GMMA::Major::MN, FWD ? GMMA::ScaleIn::One : GMMA::ScaleIn::Neg>::type;
@@ -815,7 +829,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // (chunk 0 of a short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
     if (leader) tma_store_wait<0>();
     wg_sync();
-    stage_dh();
+    if constexpr (!(ABL_NO_DH)) stage_dh();
     if (DEFER_DV2 && i > 0) stage_dv2();
     fence_proxy_async();
     wg_sync();
@@ -823,7 +837,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const int c_prev = FWD ? c - 1 : c + 1;
     const bool prev_part = DEFER_DV2 && !FWD && partial && i == 1;
     if (leader) {
-      tma_store_dh(chunk);
+      if constexpr (!(ABL_NO_DH)) tma_store_dh(chunk);
       if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c_prev);
       tma_store_arrive();
     }
@@ -831,7 +845,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
-    if constexpr (!FWD) issue_qd(s);
+    if constexpr (!FWD && !ABL_QD) issue_qd(s);
+    if constexpr (!FWD && ABL_QD) {
+      CUTE_UNROLL
+      for (int j = 0; j < NS / 4; ++j) {
+        const uint4 x = ld_shared_v4(st_u32 + Map::Q_OFF + (j * WG_THREADS + ctid) * 16);
+        qd[4 * j] = __uint_as_float(x.x), qd[4 * j + 1] = __uint_as_float(x.y);
+        qd[4 * j + 2] = __uint_as_float(x.z), qd[4 * j + 3] = __uint_as_float(x.w);
+      }
+    }
     // dv^T (FWD: u^T) of stage s, in DV's accumulator order (packed), for the epilogue.
     uint32_t dvr[ND / 2];
     CUTE_UNROLL
@@ -839,7 +861,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
-    if constexpr (FWD)
+    if constexpr (FWD || ABL_QD)
       warpgroup_wait<0>();  // DV is the only wgmma in flight
     else
       warpgroup_wait<1>();
@@ -878,7 +900,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
 
     // QD_i complete: b = decay . b + scale . QD_i (FWD: decay . b).
-    if constexpr (!FWD) {
+    if constexpr (!FWD && !ABL_QD) {
       warpgroup_wait<0>();
       fence_regs(qd);
     }
