@@ -121,8 +121,45 @@ pub fn select<'a>(
     }
 }
 
+/// Whether `build_info` (`BUILD_INFO`) holds the compiler flag `-D<name>` or `-D<name>=V`
+/// with V a nonzero integer: a compile-time experiment of cuda/dhu_sm90_regstate.cuh
+/// (build.rs, KDA_DHU_KERNEL_DEFINES).
+pub fn experiment_defined(build_info: &str, name: &str) -> bool {
+    build_info.split_whitespace().any(|flag| match flag.strip_prefix("-D").and_then(|f| f.strip_prefix(name)) {
+        Some("") => true,
+        Some(v) => v.strip_prefix('=').and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v != 0),
+        None => false,
+    })
+}
+
+/// Whether the embedded image was built with the experiment `name` (`experiment_defined`
+/// on `BUILD_INFO`). A cubin loaded in place of it (`KDA_DHU_IMAGE_FILE`) may lack it: never
+/// with one.
+pub fn experiment_built(name: &str) -> bool {
+    experiment_defined(BUILD_INFO, name) && crate::env::image_file().is_none()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_experiment_flag_is_read_exactly() {
+        use super::experiment_defined;
+        let name = "KDA_DHU_EXP_SPLIT_LIVE";
+        assert!(experiment_defined("nvcc flags: -O3 -DKDA_DHU_EXP_SPLIT_LIVE=1 -I x", name));
+        assert!(experiment_defined("-DKDA_DHU_EXP_SPLIT_LIVE", name));
+        assert!(experiment_defined("-DKDA_DHU_EXP_QD_PARTNER=1", "KDA_DHU_EXP_QD_PARTNER"));
+        for info in [
+            "",
+            "-DKDA_DHU_EXP_SPLIT_LIVE=0",
+            "-DKDA_DHU_EXP_SPLIT_LIVE=00",
+            "-DKDA_DHU_EXP_SPLIT_LIVE_X=1",
+            "KDA_DHU_EXP_SPLIT_LIVE=1",
+            "-DKDA_DHU_EXP_QD_PARTNER=1",
+        ] {
+            assert!(!experiment_defined(info, name), "{info}");
+        }
+    }
+
     use super::*;
     use crate::plan::{Arch, KernelConfig};
 

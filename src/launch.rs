@@ -48,6 +48,25 @@ pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
         .smem_bytes
 }
 
+/// The grid of a launch of `config`'s kernel: `config.grid`, with gridDim.x doubled where the
+/// kernel runs as 2-CTA clusters (the KDA_DHU_EXP_QD_PARTNER experiment's build: stage 4's
+/// one-warpgroup kernels on sm_90a, cuda/dhu_sm90_regstate.cuh).
+fn launch_grid(arch: Arch, config: &KernelConfig) -> [u32; 3] {
+    let [gx, gy, gz] = config.grid;
+    if arch == Arch::Sm90 && !config.forward && config.nwg == 1 && qd_partner_built() {
+        [2 * gx, gy, gz]
+    } else {
+        config.grid
+    }
+}
+
+/// Whether this build's one-warpgroup stage-4 kernels are the KDA_DHU_EXP_QD_PARTNER
+/// experiment's 2-CTA clusters (read once).
+fn qd_partner_built() -> bool {
+    static BUILT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BUILT.get_or_init(|| crate::kernels::experiment_built("KDA_DHU_EXP_QD_PARTNER"))
+}
+
 /// Dynamic shared memory of a split's first-pass kernel (the one-warpgroup map of its K).
 fn split_pass1_smem(k: u32) -> u32 {
     facts::layout(&facts::SM90, k, 1).expect("sm_90a has one-warpgroup kernels at K = 64 and 128").smem_bytes
@@ -821,7 +840,7 @@ fn launch_validated(
     let block = config.block_threads(arch);
     let mut param_ptr = [&mut params as *mut DhuParams as *mut c_void];
     let Some(sp) = config.split else {
-        return one.run(config.entry_point(arch), f, config.grid, block, smem, &mut param_ptr);
+        return one.run(config.entry_point(arch), f, launch_grid(arch, &config), block, smem, &mut param_ptr);
     };
     launch_split(&one, kernels, desc, &config, sp, params, config.entry_point(arch), f, block, smem)
 }
@@ -937,7 +956,7 @@ fn launch_split(
                 &mut svf as *mut i32 as *mut c_void,
             ],
         )?;
-        one.run(name, f, config.grid, block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
+        one.run(name, f, launch_grid(Arch::Sm90, config), block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
     })();
     let freed = one.free(x).and(one.free(u));
     result.and(freed)

@@ -98,16 +98,7 @@ impl Split {
 /// A cubin loaded in place of the embedded image (`KDA_DHU_IMAGE_FILE`) may lack it: never
 /// with one.
 pub fn live_built() -> bool {
-    live_defined(crate::kernels::BUILD_INFO) && crate::env::image_file().is_none()
-}
-
-/// Whether `build_info` holds the flag `-DKDA_DHU_EXP_SPLIT_LIVE` or `=V` with V != 0.
-fn live_defined(build_info: &str) -> bool {
-    build_info.split_whitespace().any(|flag| match flag.strip_prefix("-DKDA_DHU_EXP_SPLIT_LIVE") {
-        Some("") => true,
-        Some(v) => v.strip_prefix('=').and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v != 0),
-        None => false,
-    })
+    crate::kernels::experiment_built("KDA_DHU_EXP_SPLIT_LIVE")
 }
 
 /// What `KDA_DHU_SM90_SPLIT` asks for.
@@ -322,15 +313,6 @@ mod tests {
     use crate::plan::tests::long_desc as long;
 
     const H200: DeviceInfo = DeviceInfo { cc_major: 9, cc_minor: 0, sm_count: 132 };
-
-    #[test]
-    fn the_experiment_flag_is_read_exactly() {
-        assert!(live_defined("nvcc flags: -O3 -DKDA_DHU_EXP_SPLIT_LIVE=1 -I x"));
-        assert!(live_defined("-DKDA_DHU_EXP_SPLIT_LIVE"));
-        for info in ["", "-DKDA_DHU_EXP_SPLIT_LIVE=0", "-DKDA_DHU_EXP_SPLIT_LIVE=00", "-DKDA_DHU_EXP_SPLIT_LIVE_X=1"] {
-            assert!(!live_defined(info), "{info}");
-        }
-    }
 
     #[test]
     fn the_long_live_rule_and_its_launches() {
