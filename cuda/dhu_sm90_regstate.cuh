@@ -395,7 +395,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int n = blockIdx.z;
   // QDP: a cluster's two CTAs share the V tile blockIdx.x / 2; rank 0 runs the chain, rank
   // 1 computes QD (is_qd).
-  const int tile_x = QDP ? int(blockIdx.x) >> 1 : int(blockIdx.x);
+  auto tile_x = []() -> uint32_t { return QDP ? blockIdx.x >> 1 : blockIdx.x; };
   const bool is_qd = QDP && cluster_rank() == 1;
   // SUMMARY: whether this CTA runs the launch's live segment (with outputs: the newest,
   // FWD the oldest), and whether its tile is an identity tile (past V).
@@ -544,7 +544,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
             }
             for (int wg = 0; wg < NWG && !ident_p; ++wg)
               SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
-                                     (tile_x * NWG + wg) * BV, hv, t0, b_row);
+                                     (tile_x() * NWG + wg) * BV, hv, t0, b_row);
           }
           for (int kb = 0; kb < KB && !FWD; ++kb) {
             if (!is_qd)
@@ -558,7 +558,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
                                      b_row);
           }
           for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
-            const int v0 = (tile_x * NWG + wg) * BV;
+            const int v0 = (tile_x() * NWG + wg) * BV;
             if (!QDP || is_qd)
               SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0,
                                      b_row);
@@ -598,7 +598,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       T* dv2 = reinterpret_cast<T*>(p.dv2);
       for (int64_t t = pad0 + lane / 8; t < p.T; t += 4) {
         for (int wg = 0; wg < NWG; ++wg) {
-          const int v0 = (tile_x * NWG + wg) * BV;
+          const int v0 = (tile_x() * NWG + wg) * BV;
           uint4* dst = reinterpret_cast<uint4*>(dv2 + (t * p.HV + hv) * p.V + v0) + (lane % 8);
           *dst = make_uint4(0, 0, 0, 0);
         }
@@ -611,7 +611,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   if constexpr (NWG > 1) cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS_WG2>();
   const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
   if (!ext.ok) {
-    if (!is_qd) poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, tile_x * NWG * BV, NWG * BV, tid, CONSUMERS);
+    if (!is_qd) poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, tile_x() * NWG * BV, NWG * BV, tid, CONSUMERS);
     return;
   }
   const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
@@ -623,7 +623,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int ctid = tid % WG_THREADS;
   // Issues the warpgroup's TMA stores; a split's summary CTA stores none.
   const bool leader = ctid == 0 && (!SUMMARY || live);
-  const int v0 = (tile_x * NWG + wg) * BV;
+  const int v0 = (tile_x() * NWG + wg) * BV;
   auto wg_sync = [&]() { named_sync(WG_THREADS, 1 + wg); };
 
   const FragGeom fg(ctid);
