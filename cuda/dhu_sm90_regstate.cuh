@@ -252,6 +252,19 @@ __device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, f
 __device__ __forceinline__ void arrive_remote(uint32_t cluster_addr) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
+// Relaxed (no fence): for an arrival that only says "read", placed after an instruction
+// that consumed every value read (no MEMBAR on the chain).
+__device__ __forceinline__ void arrive_remote_relaxed(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+// A cluster-wide barrier (every thread of both CTAs; release / acquire), with compiler
+// barriers as dhu_common.cuh's wrappers have.
+__device__ __forceinline__ void cluster_sync_all() {
+  compiler_fence();
+  cute::cluster_arrive();
+  cute::cluster_wait();
+  compiler_fence();
+}
 __device__ __forceinline__ void wait_bar_cluster(uint32_t addr, uint32_t parity) {
   asm volatile(
       "{\n\t.reg .pred P1;\n\t"
@@ -367,6 +380,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr bool ABL_QD = (KDA_DHU_EXP_ABLATE & 1) && !FWD && !SUMMARY && NWG == 1;
   constexpr bool ABL_NO_DH = (KDA_DHU_EXP_ABLATE & 2) && !FWD && !SUMMARY;
   static_assert(!ABL_QD || NS * 4 * WG_THREADS <= 2 * Map::KTILE, "QD's probe reads the q and w slots");
+  static_assert(!(ABL_QD && QDP), "KDA_DHU_EXP_ABLATE's bit 0 and KDA_DHU_EXP_QD_PARTNER exclude each other");
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
   using OpWD = typename RsAtom<T, K, GMMA::Major::MN, FWD ? GMMA::ScaleIn::One : GMMA::ScaleIn::Neg>::type;
@@ -450,8 +464,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
   if constexpr (QDP) {
     // Both CTAs' barriers initialized before either arrives on the other's.
-    cute::cluster_arrive();
-    cute::cluster_wait();
+    cluster_sync_all();
   } else {
     __syncthreads();
   }
@@ -864,8 +877,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         if (++s == STAGES) s = 0, phase ^= 1u;
       }
       // The chain CTA's last arrivals on this CTA's barriers land before it exits.
-      cute::cluster_arrive();
-      cute::cluster_wait();
+      cluster_sync_all();
       return;
     }
   }
@@ -1075,9 +1087,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
     }
 
-    // QDP: QD_i's buffer read (the fold used every register): hand it back to the QD CTA.
-    if constexpr (QDP) arrive_remote(peer_qbar + 8 * (Map::QD_BUFS + i % Map::QD_BUFS));
-
     // b^T += -(dv2^T . w)  (FWD: b^T += v_upd^T . k)
     {
       auto tB = kt_descs(thr_wd, s, Map::W_OFF);
@@ -1090,6 +1099,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       warpgroup_commit_batch();
       fence_regs(b);
     }
+    // QDP: QD_i's buffer read: WD_i's issue took b, which the fold made from every register
+    // read, so the reads are complete; hand the buffer back (relaxed: no fence on the chain).
+    if constexpr (QDP) arrive_remote_relaxed(peer_qbar + 8 * (Map::QD_BUFS + i % Map::QD_BUFS));
 
     // While WD_i runs: the next stage full and, with g, its do rows weighted, ordered
     // before QD_{i+1}'s reads by the fence and the barrier. (DEFER_DV2: dv2_i is staged
@@ -1144,8 +1156,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
   if constexpr (QDP) {
     // The QD CTA's last arrivals on this CTA's barriers landed (it waits here too).
-    cute::cluster_arrive();
-    cute::cluster_wait();
+    cluster_sync_all();
   }
 }
 }  // namespace sm90_regstate
