@@ -410,6 +410,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // QDP: a cluster's two CTAs share the V tile blockIdx.x / 2; rank 0 runs the chain, rank
   // 1 computes QD (is_qd).
   auto tile_x = []() -> uint32_t { return QDP ? blockIdx.x >> 1 : blockIdx.x; };
+  // A pair's launch has two CTAs per V tile (src/launch.rs, launch_grid): any other grid
+  // (a host that does not know this image is the experiment's) would leave V tiles unwritten.
+  if (QDP && int(gridDim.x) * BV != 2 * p.V) __trap();
   const bool is_qd = QDP && cluster_rank() == 1;
   // SUMMARY: whether this CTA runs the launch's live segment (with outputs: the newest,
   // FWD the oldest), and whether its tile is an identity tile (past V).

@@ -1002,6 +1002,29 @@ mod tests {
     }
 
     #[test]
+    fn the_launch_grid_doubles_only_on_the_partner_build() {
+        let one = KernelConfig {
+            k: 128,
+            dtype: DType::BF16,
+            flags: FLAG_GK,
+            grid: [2, 32, 1],
+            nwg: 1,
+            svf: false,
+            split: None,
+            forward: false,
+        };
+        let two = KernelConfig { nwg: 2, grid: [1, 32, 1], ..one };
+        let fwd = KernelConfig { forward: true, ..one };
+        let pairs = qd_partner_built();
+        assert_eq!(pairs, kernels::experiment_built("KDA_DHU_EXP_QD_PARTNER"));
+        assert_eq!(launch_grid(Arch::Sm90, &one), if pairs { [4, 32, 1] } else { [2, 32, 1] });
+        for c in [two, fwd] {
+            assert_eq!(launch_grid(Arch::Sm90, &c), c.grid);
+        }
+        assert_eq!(launch_grid(Arch::Sm100, &one), one.grid);
+    }
+
+    #[test]
     fn split_params_place_the_live_segments() {
         use crate::abi::FLAG_DHT;
         let params = DhuParams::zeroed();
