@@ -104,8 +104,10 @@
 //                           read from the stage's q and w slots by 16 LDS.128 per thread
 //                           where QD is issued (what a chain CTA would spend if a partner
 //                           CTA of a 2-CTA cluster computed QD and delivered it to its
-//                           shared memory); bit 1: no dh staging and no dh store. What
-//                           each costs on the chain: benches/NOTES.md, "Ablations".
+//                           shared memory); bit 1: no dh staging and no dh store; bit 2:
+//                           dh staged, not stored; bit 3: dh stored, not staged (sBh as it
+//                           is); bit 4: no dv2 staging and no dv2 store. What each costs on
+//                           the chain: benches/NOTES.md, "Ablations".
 //   KDA_DHU_EXP_QD_PARTNER  stage 4's one-warpgroup kernel (not a split's first pass) as a
 //                           2-CTA cluster per V tile (__cluster_dims__ on its entry points;
 //                           the host doubles gridDim.x): the chain CTA (rank 0) runs the
@@ -379,6 +381,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // KDA_DHU_EXP_ABLATE's probes (stage 4's usual instances only; wrong results).
   constexpr bool ABL_QD = (KDA_DHU_EXP_ABLATE & 1) && !FWD && !SUMMARY && NWG == 1;
   constexpr bool ABL_NO_DH = (KDA_DHU_EXP_ABLATE & 2) && !FWD && !SUMMARY;
+  constexpr bool ABL_NO_DH_STORE = (KDA_DHU_EXP_ABLATE & 4) && !FWD && !SUMMARY;
+  constexpr bool ABL_NO_DH_STAGE = (KDA_DHU_EXP_ABLATE & 8) && !FWD && !SUMMARY;
+  constexpr bool ABL_NO_DV2 = (KDA_DHU_EXP_ABLATE & 16) && !FWD && !SUMMARY;
   static_assert(!ABL_QD || NS * 4 * WG_THREADS <= 2 * Map::KTILE, "QD's probe reads the q and w slots");
   static_assert(!(ABL_QD && QDP), "KDA_DHU_EXP_ABLATE's bit 0 and KDA_DHU_EXP_QD_PARTNER exclude each other");
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
@@ -966,16 +971,16 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // (chunk 0 of a short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
     if (leader) tma_store_wait<0>();
     wg_sync();
-    if constexpr (!(ABL_NO_DH)) stage_dh();
-    if (DEFER_DV2 && i > 0) stage_dv2();
+    if constexpr (!(ABL_NO_DH || ABL_NO_DH_STAGE)) stage_dh();
+    if (!ABL_NO_DV2 && DEFER_DV2 && i > 0) stage_dv2();
     fence_proxy_async();
     wg_sync();
     // The previous chunk's (c + 1; FWD c - 1, never the short one: that is the last).
     const int c_prev = FWD ? c - 1 : c + 1;
     const bool prev_part = DEFER_DV2 && !FWD && partial && i == 1;
     if (leader) {
-      if constexpr (!(ABL_NO_DH)) tma_store_dh(chunk);
-      if (DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c_prev);
+      if constexpr (!(ABL_NO_DH || ABL_NO_DH_STORE)) tma_store_dh(chunk);
+      if (!ABL_NO_DV2 && DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c_prev);
       tma_store_arrive();
     }
     if (prev_part) plain_store_dv2(c + 1, rows0);  // stage 4 only
@@ -1119,7 +1124,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         }
       }
     }
-    if constexpr (!DEFER_DV2) {
+    if constexpr (!DEFER_DV2 && !ABL_NO_DV2) {
       // dv2_i staged and stored here (sDv2 free: the leader's wait before this chunk's
       // first barrier covered chunk i - 1's stores); the fence and barrier also order the
       // do rows above.
@@ -1140,7 +1145,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     phase = nphase;
     s = ns;
   }
-  if constexpr (DEFER_DV2) {
+  if constexpr (DEFER_DV2 && !ABL_NO_DV2) {
     // The last chunk's dv2 (c = 0; FWD c = NC - 1, the short one of a packed sequence).
     if (leader) tma_store_wait<0>();
     wg_sync();
