@@ -232,8 +232,6 @@ fn write_kernel_facts(nvcc: &Path, manifest: &Path, cuda_dir: &Path, out_dir: &P
     let exe = out_dir.join("kernel_facts");
     let mut cmd = Command::new(nvcc);
     cmd.args(["-x", "c++", "-std=c++17", "--cudart", "none", "-I"]).arg(cuda_dir).arg("-o").arg(&exe).arg(&src);
-    // An experiment may change a map (KDA_DHU_EXP_QD_PARTNER): the facts are the build's.
-    cmd.args(experiment_defines());
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()));
     if !out.status.success() {
         panic!(

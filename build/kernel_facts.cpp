@@ -29,10 +29,10 @@ int main() {
   std::printf("pub const SEQ_EXTENT_BYTES: u32 = %d;\n", SEQ_EXTENT_BYTES);
   std::printf("pub const SMEM_OPTIN_MAX_SM90: u32 = %d;\n", sm90::SMEM_OPTIN_MAX);
   std::printf("pub const SM90: [Layout; 4] = [\n");
-  row<64, 1, sm90_regstate::LaunchMap<64, 1>>(sm90_regstate::num_threads<1>());
-  row<128, 1, sm90_regstate::LaunchMap<128, 1>>(sm90_regstate::num_threads<1>());
-  row<64, 2, sm90_regstate::LaunchMap<64, 2>>(sm90_regstate::num_threads<2>());
-  row<128, 2, sm90_regstate::LaunchMap<128, 2>>(sm90_regstate::num_threads<2>());
+  row<64, 1, sm90_regstate::SmemMap<64, 1>>(sm90_regstate::num_threads<1>());
+  row<128, 1, sm90_regstate::SmemMap<128, 1>>(sm90_regstate::num_threads<1>());
+  row<64, 2, sm90_regstate::SmemMap<64, 2>>(sm90_regstate::num_threads<2>());
+  row<128, 2, sm90_regstate::SmemMap<128, 2>>(sm90_regstate::num_threads<2>());
   std::printf("];\n");
   std::printf("pub const SM100: [Layout; 2] = [\n");
   row<64, 1, Sm100Stages::Map<64>>(sm100::NUM_THREADS);

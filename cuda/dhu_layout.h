@@ -77,57 +77,6 @@ struct SmemMap {
   static_assert(DYNAMIC_BYTES <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
 };
 
-// KDA_DHU_EXP_QD_PARTNER (an experiment: cuda/dhu_sm90_regstate.cuh): stage 4's
-// one-warpgroup kernel as a 2-CTA cluster per V tile. The chain CTA's stage holds k, w and
-// dv; the QD CTA's the same ring with q in k's place and do in dv's. QD_BUFS fp32 QD^T
-// fragments (K / 2 registers of each of the 128 consumer threads, thread-major: 16-byte
-// group j of thread t at (j * 128 + t) * 16), written by the QD CTA into the chain CTA's
-// shared memory; qd_full / qd_empty after full / empty.
-template <int K>
-struct SmemMapQdp {
-  static constexpr int STAGES = num_stages<K, 1>();
-  static constexpr int KTILE = BT * K * 2;
-  static constexpr int VTILE = BT * BV * 2;
-  static constexpr int K_OFF = 0;
-  static constexpr int Q_OFF = K_OFF;              // the QD CTA's q
-  static constexpr int W_OFF = K_OFF + KTILE;
-  static constexpr int DV_OFF = W_OFF + KTILE;
-  static constexpr int DO_OFF = DV_OFF;            // the QD CTA's do
-  static constexpr int STAGE = DV_OFF + VTILE;
-  static constexpr int QD_BYTES = K / 2 * 4 * WG_THREADS;
-  static constexpr int QD_BUFS = 2;
-  static constexpr int QD_OFF = STAGES * STAGE;
-  static constexpr int BH_OFF = QD_OFF + QD_BUFS * QD_BYTES;
-  static constexpr int BH = K * BV * 2;
-  static constexpr int DV2_OFF = BH_OFF + BH;
-  static constexpr int DECAY_OFF = DV2_OFF + VTILE;
-  static constexpr int GATE_OFF = DECAY_OFF + STAGES * K * 4;
-  static constexpr int BAR_OFF = GATE_OFF + STAGES * G_LEN * 4;
-  static constexpr int QBAR_OFF = BAR_OFF + 2 * STAGES * 8;  // qd_full[b], qd_empty[b]
-  static constexpr int EXT_OFF = QBAR_OFF + 2 * QD_BUFS * 8;
-  static constexpr int BYTES = EXT_OFF + SEQ_EXTENT_BYTES;
-  static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
-  static constexpr int DYNAMIC_BYTES = BYTES + SLACK;
-  static_assert(STAGE % 1024 == 0 && BH % 1024 == 0 && VTILE % 1024 == 0 && QD_BYTES % 1024 == 0,
-                "sw128 tiles need 1024-byte bases");
-  static_assert(DYNAMIC_BYTES <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
-};
-
-#ifndef KDA_DHU_EXP_QD_PARTNER
-#define KDA_DHU_EXP_QD_PARTNER 0
-#endif
-template <bool B, class A, class C> struct PickMap { using type = A; };
-template <class A, class C> struct PickMap<false, A, C> { using type = C; };
-// What the host gives a launch of the K, NWG kernels (stage 4's usual and first-pass
-// kernels, the forward scan's): the largest of their maps' dynamic shared memory.
-template <int K, int NWG>
-struct LaunchMap {
-  static constexpr int STAGES = SmemMap<K, NWG>::STAGES;
-  static constexpr int QDP_BYTES = KDA_DHU_EXP_QD_PARTNER && NWG == 1 ? SmemMapQdp<K>::DYNAMIC_BYTES : 0;
-  static constexpr int DYNAMIC_BYTES =
-      QDP_BYTES > SmemMap<K, NWG>::DYNAMIC_BYTES ? QDP_BYTES : SmemMap<K, NWG>::DYNAMIC_BYTES;
-};
-
 }  // namespace sm90_regstate
 
 namespace sm100 {

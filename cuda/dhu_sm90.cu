@@ -25,17 +25,9 @@
 // (`_fwd_.._sum`, the same sixteen shapes) and its merge (oldest first). Then the forward scan's (`_fwd`,
 // fla's chunk_gated_delta_rule_fwd_h: the kernel's FWD instance; K 64 / 128 x bf16 / fp16,
 // one or two warpgroups, [K, V] and [V, K] states, without and with g).
-// KDA_DHU_EXP_QD_PARTNER (an experiment, cuda/dhu_sm90_regstate.cuh): the one-warpgroup
-// entry points run as 2-CTA clusters.
-#if KDA_DHU_EXP_QD_PARTNER
-#define KDA_DHU_SM90_CLUSTER_1 __cluster_dims__(2, 1, 1)
-#else
-#define KDA_DHU_SM90_CLUSTER_1
-#endif
-#define KDA_DHU_SM90_CLUSTER_2
 #define KDA_DHU_SM90_RS_ENTRY(NAME, K, T, NWG, SVF, G)                                       \
   extern "C" __global__ void __launch_bounds__(kda_dhu::sm90_regstate::num_threads<NWG>(), 1) \
-      KDA_DHU_SM90_CLUSTER_##NWG NAME(const __grid_constant__ kda_dhu::DhuParams p) {        \
+      NAME(const __grid_constant__ kda_dhu::DhuParams p) {                                   \
     kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, NWG, SVF, G>(p);                        \
   }
 #define KDA_DHU_SM90_SUM_ENTRY(NAME, K, T, SVF, G)                                          \

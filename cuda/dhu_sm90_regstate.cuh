@@ -108,17 +108,6 @@
 //                           dh staged, not stored; bit 3: dh stored, not staged (sBh as it
 //                           is); bit 4: no dv2 staging and no dv2 store. What each costs on
 //                           the chain: benches/NOTES.md, "Ablations".
-//   KDA_DHU_EXP_QD_PARTNER  stage 4's one-warpgroup kernel (not a split's first pass) as a
-//                           2-CTA cluster per V tile (__cluster_dims__ on its entry points;
-//                           the host doubles gridDim.x): the chain CTA (rank 0) runs the
-//                           chain without QD; the QD CTA (rank 1) loads q and do, computes
-//                           QD^T = do^T q on its own tensor cores and stores the fp32
-//                           fragment into the chain CTA's shared memory (st.shared::cluster,
-//                           thread t's registers to thread t: both warpgroups have the same
-//                           fragment geometry), two buffers, with remote mbarrier arrivals
-//                           (release / acquire at cluster scope) both ways. The chain's
-//                           tensor pipe then runs DV and WD only. The same arithmetic as
-//                           the one-CTA kernel: results bitwise equal.
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
@@ -233,51 +222,6 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// Cluster helpers (KDA_DHU_EXP_QD_PARTNER): this CTA's rank, the shared::cluster address of
-// `addr` in CTA `rank`, a 16-byte remote store, a remote mbarrier arrival (release at
-// cluster scope) and a local wait (acquire at cluster scope: the partner's stores before
-// its arrival are visible after it).
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, float c, float d) {
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
-__device__ __forceinline__ void arrive_remote(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
-}
-// Relaxed (no fence): for an arrival that only says "read", placed after an instruction
-// that consumed every value read (no MEMBAR on the chain).
-__device__ __forceinline__ void arrive_remote_relaxed(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
-}
-// A cluster-wide barrier (every thread of both CTAs; release / acquire), with compiler
-// barriers as dhu_common.cuh's wrappers have.
-__device__ __forceinline__ void cluster_sync_all() {
-  compiler_fence();
-  cute::cluster_arrive();
-  cute::cluster_wait();
-  compiler_fence();
-}
-__device__ __forceinline__ void wait_bar_cluster(uint32_t addr, uint32_t parity) {
-  asm volatile(
-      "{\n\t.reg .pred P1;\n\t"
-      "WAIT:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], %1;\n\t"
-      "@!P1 bra WAIT;\n\t"
-      "}" ::"r"(addr),
-      "r"(parity)
-      : "memory");
-}
-
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t* r) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -369,9 +313,7 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false, bool FWD = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
-  // KDA_DHU_EXP_QD_PARTNER: this instance runs as a 2-CTA cluster (the macro's note above).
-  constexpr bool QDP = KDA_DHU_EXP_QD_PARTNER && NWG == 1 && !FWD && !SUMMARY;
-  using Map = typename PickMap<QDP, SmemMapQdp<K>, SmemMap<K, NWG>>::type;
+  using Map = SmemMap<K, NWG>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
   constexpr int STAGES = Map::STAGES;
@@ -385,7 +327,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr bool ABL_NO_DH_STAGE = (KDA_DHU_EXP_ABLATE & 8) && !FWD && !SUMMARY;
   constexpr bool ABL_NO_DV2 = (KDA_DHU_EXP_ABLATE & 16) && !FWD && !SUMMARY;
   static_assert(!ABL_QD || NS * 4 * WG_THREADS <= 2 * Map::KTILE, "QD's probe reads the q and w slots");
-  static_assert(!(ABL_QD && QDP), "KDA_DHU_EXP_ABLATE's bit 0 and KDA_DHU_EXP_QD_PARTNER exclude each other");
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
   using OpWD = typename RsAtom<T, K, GMMA::Major::MN, FWD ? GMMA::ScaleIn::One : GMMA::ScaleIn::Neg>::type;
@@ -412,13 +353,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int hv = int(blockIdx.y) - seg_y * p.HV;
   const int seg = SEG_REV ? int(gridDim.y) / p.HV - 1 - seg_y : seg_y;
   const int n = blockIdx.z;
-  // QDP: a cluster's two CTAs share the V tile blockIdx.x / 2; rank 0 runs the chain, rank
-  // 1 computes QD (is_qd).
-  auto tile_x = []() -> uint32_t { return QDP ? blockIdx.x >> 1 : blockIdx.x; };
-  // A pair's launch has two CTAs per V tile (src/launch.rs, launch_grid): any other grid
-  // (a host that does not know this image is the experiment's) would leave V tiles unwritten.
-  if (QDP && int(gridDim.x) * BV != 2 * p.V) __trap();
-  const bool is_qd = QDP && cluster_rank() == 1;
   // SUMMARY: whether this CTA runs the launch's live segment (with outputs: the newest,
   // FWD the oldest), and whether its tile is an identity tile (past V).
   const bool live = SUMMARY && (FWD ? seg == 0 : seg + 1 == int(gridDim.y) / p.HV);
@@ -462,20 +396,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 32);
       cutlass::arch::ClusterBarrier::init(&empty_bar[s], CONSUMERS);
     }
-    if constexpr (QDP) {
-      // qd_full[b] (the chain CTA's): the QD CTA's 128 consumer threads arrive; qd_empty[b]
-      // (the QD CTA's): the chain CTA's 128.
-      uint64_t* qbar = reinterpret_cast<uint64_t*>(smem + Map::QBAR_OFF);
-      for (int b = 0; b < 2 * Map::QD_BUFS; ++b) cutlass::arch::ClusterBarrier::init(&qbar[b], WG_THREADS);
-    }
     cutlass::arch::fence_barrier_init();
   }
-  if constexpr (QDP) {
-    // Both CTAs' barriers initialized before either arrives on the other's.
-    cluster_sync_all();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (tid >= CONSUMERS) {
     // ------------------------------------------------------------------ producer warp
@@ -493,11 +416,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // An identity tile loads k and w only.
     const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
     // FWD: w and k, and u in dv's slot.
-    // QDP: the chain CTA loads k, w, dv; the QD CTA q (in k's slot) and do (in dv's).
     const uint32_t tx_bytes = ident_p ? uint32_t(2 * Map::KTILE)
                               : FWD   ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
-                              : is_qd ? uint32_t(Map::KTILE + Map::VTILE)
-                              : QDP   ? uint32_t(2 * Map::KTILE + Map::VTILE)
                                       : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
 
@@ -565,27 +485,20 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
             }
             for (int wg = 0; wg < NWG && !ident_p; ++wg)
               SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
-                                     (tile_x() * NWG + wg) * BV, hv, t0, b_row);
+                                     (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
           }
           for (int kb = 0; kb < KB && !FWD; ++kb) {
-            if (!is_qd)
-              SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0,
-                                     b_row);
-            if (!ident_p && (!QDP || is_qd))
+            SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+            if (!ident_p)
               SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0,
                                      b_row);
-            if (!is_qd)
-              SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0,
-                                     b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0,
+                                   b_row);
           }
           for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
-            const int v0 = (tile_x() * NWG + wg) * BV;
-            if (!QDP || is_qd)
-              SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0,
-                                     b_row);
-            if (!is_qd)
-              SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0,
-                                     b_row);
+            const int v0 = (blockIdx.x * NWG + wg) * BV;
+            SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
           }
         }
         if (use_gk) {
@@ -614,12 +527,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
     // A padded packed batch (cu_seqlens[-1] < T): the last sequence's CTAs write zeros
     // to dv2's padding rows for their (hv, V columns), as fla leaves them unwritten.
-    if (varlen && !is_qd && ctaid_z() == int(gridDim.z) - 1) {
+    if (varlen && ctaid_z() == int(gridDim.z) - 1) {
       const int64_t pad0 = int64_t(bos) + len;
       T* dv2 = reinterpret_cast<T*>(p.dv2);
       for (int64_t t = pad0 + lane / 8; t < p.T; t += 4) {
         for (int wg = 0; wg < NWG; ++wg) {
-          const int v0 = (tile_x() * NWG + wg) * BV;
+          const int v0 = (blockIdx.x * NWG + wg) * BV;
           uint4* dst = reinterpret_cast<uint4*>(dv2 + (t * p.HV + hv) * p.V + v0) + (lane % 8);
           *dst = make_uint4(0, 0, 0, 0);
         }
@@ -632,7 +545,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   if constexpr (NWG > 1) cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS_WG2>();
   const SeqExtent ext = SeqExtent::load(smem_u32 + Map::EXT_OFF);
   if (!ext.ok) {
-    if (!is_qd) poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, tile_x() * NWG * BV, NWG * BV, tid, CONSUMERS);
+    poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, blockIdx.x * NWG * BV, NWG * BV, tid, CONSUMERS);
     return;
   }
   const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
@@ -644,7 +557,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const int ctid = tid % WG_THREADS;
   // Issues the warpgroup's TMA stores; a split's summary CTA stores none.
   const bool leader = ctid == 0 && (!SUMMARY || live);
-  const int v0 = (tile_x() * NWG + wg) * BV;
+  const int v0 = (blockIdx.x * NWG + wg) * BV;
   auto wg_sync = [&]() { named_sync(WG_THREADS, 1 + wg); };
 
   const FragGeom fg(ctid);
@@ -743,7 +656,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   };
   // An empty sequence of a packed batch: dh0 = dht, nothing else to store.
   if (NC == 0) {
-    if (!is_qd) store_dh0();
+    store_dh0();
     return;
   }
 
@@ -840,72 +753,22 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     fence_proxy_async();
     wg_sync();
   }
-  // QDP: qd_full[b] at QBAR_OFF + 8b (the chain CTA's), qd_empty[b] at QBAR_OFF + 8(QD_BUFS +
-  // b) (the QD CTA's); the QD fragments of use u of buffer b = i % QD_BUFS, u = i / QD_BUFS.
-  uint32_t qbar_u32 = 0, peer_qbar = 0;
-  if constexpr (QDP) {
-    qbar_u32 = smem_u32 + Map::QBAR_OFF;
-    peer_qbar = map_to_rank(qbar_u32, is_qd ? 0u : 1u);
-  }
-  if constexpr (QDP) {
-    if (is_qd) {
-      // The QD CTA: per chunk, its stage's do rows prepared (g, a short chunk), QD^T on
-      // this SM's tensor cores, the stage handed back, then (once the chain CTA has read
-      // the buffer's previous use) the fragment into the chain CTA's buffer and its arrival.
-      const uint32_t peer_qd = map_to_rank(smem_u32 + Map::QD_OFF, 0) + ctid * 16;
-      int s = 0;
-      uint32_t phase = 0;
-      for (int i = 0; i < NC; ++i) {
-        const uint32_t st_u32 = smem_u32 + s * Map::STAGE;
-        wait_bar(&full_bar[s], phase);
-        const bool part = partial && i == i_short;
-        if (use_g || part) {
-          prepare_do_rows<T>(st_u32 + DO_OFF, ctid, use_g, gate_at(s) + G_WEIGHT * 4, part ? rows0 : BT);
-          if (part) {
-            for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
-              if ((j >> 3) % BT >= rows0)
-                st_shared_v4(st_u32 + Map::Q_OFF + (j >> 3) * 128 + (j & 7) * 16, make_uint4(0, 0, 0, 0));
-            }
-          }
-          fence_proxy_async();
-          wg_sync();
-        }
-        issue_qd(s);
-        warpgroup_wait<0>();
-        fence_regs(qd);
-        arrive_bar(&empty_bar[s]);
-        const int qb = i % Map::QD_BUFS;
-        const uint32_t use = uint32_t(i / Map::QD_BUFS);
-        if (i >= Map::QD_BUFS) wait_bar_cluster(qbar_u32 + 8 * (Map::QD_BUFS + qb), (use & 1u) ^ 1u);
-        CUTE_UNROLL
-        for (int j = 0; j < NS / 4; ++j)
-          st_cluster_v4(peer_qd + qb * Map::QD_BYTES + j * WG_THREADS * 16, qd[4 * j], qd[4 * j + 1], qd[4 * j + 2],
-                        qd[4 * j + 3]);
-        arrive_remote(peer_qbar + 8 * qb);
-        if (++s == STAGES) s = 0, phase ^= 1u;
-      }
-      // The chain CTA's last arrivals on this CTA's barriers land before it exits.
-      cluster_sync_all();
-      return;
-    }
-  }
   // Prologue: stage 0 full and, for a packed batch's short newest chunk or with g, prepared;
-  // no wgmma issued. (QDP: the chain CTA's stage has no q or do: only w's rows.)
+  // no wgmma issued.
   wait_bar(&full_bar[0], 0);
-  if (!FWD && (partial || (use_g && !QDP))) {
+  if (!FWD && (partial || use_g)) {
     // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
     // here, q's and w's too (0 * NaN from the memory past a sequence would not vanish
     // in QD and WD; fla masks these loads; k's rows only reach DV's columns past the
     // end, which are masked, as are dv's). q and w are shared: with two warpgroups
     // each zeroes one. With g, do[t] *= exp2(g[t]).
-    if constexpr (!QDP)
-      prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
+    prepare_do_rows<T>(smem_u32 + DO_OFF, ctid, use_g, gate_at(0) + G_WEIGHT * 4, partial ? rows0 : BT);
     if (partial) {
       for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
         const int row = (j >> 3) % BT;
         if (row >= rows0) {
           const uint32_t off = (j >> 3) * 128 + (j & 7) * 16;
-          if (!QDP && (NWG == 1 || wg == 0)) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
+          if (NWG == 1 || wg == 0) st_shared_v4(smem_u32 + Map::Q_OFF + off, make_uint4(0, 0, 0, 0));
           if (NWG == 1 || wg == 1) st_shared_v4(smem_u32 + Map::W_OFF + off, make_uint4(0, 0, 0, 0));
         }
       }
@@ -987,19 +850,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
-    if constexpr (!FWD && !ABL_QD && !QDP) issue_qd(s);
-    if constexpr (QDP) {
-      // QD_i from the QD CTA: its fragment in buffer i % QD_BUFS once qd_full says so.
-      const int qb = i % Map::QD_BUFS;
-      wait_bar_cluster(qbar_u32 + 8 * qb, uint32_t(i / Map::QD_BUFS) & 1u);
-      const uint32_t src = smem_u32 + Map::QD_OFF + qb * Map::QD_BYTES + ctid * 16;
-      CUTE_UNROLL
-      for (int j = 0; j < NS / 4; ++j) {
-        const uint4 x = ld_shared_v4(src + j * WG_THREADS * 16);
-        qd[4 * j] = __uint_as_float(x.x), qd[4 * j + 1] = __uint_as_float(x.y);
-        qd[4 * j + 2] = __uint_as_float(x.z), qd[4 * j + 3] = __uint_as_float(x.w);
-      }
-    }
+    if constexpr (!FWD && !ABL_QD) issue_qd(s);
     if constexpr (!FWD && ABL_QD) {
       CUTE_UNROLL
       for (int j = 0; j < NS / 4; ++j) {
@@ -1015,7 +866,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
-    if constexpr (FWD || ABL_QD || QDP)
+    if constexpr (FWD || ABL_QD)
       warpgroup_wait<0>();  // DV is the only wgmma in flight
     else
       warpgroup_wait<1>();
@@ -1054,7 +905,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
 
     // QD_i complete: b = decay . b + scale . QD_i (FWD: decay . b).
-    if constexpr (!FWD && !ABL_QD && !QDP) {
+    if constexpr (!FWD && !ABL_QD) {
       warpgroup_wait<0>();
       fence_regs(qd);
     }
@@ -1107,16 +958,13 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       warpgroup_commit_batch();
       fence_regs(b);
     }
-    // QDP: QD_i's buffer read: WD_i's issue took b, which the fold made from every register
-    // read, so the reads are complete; hand the buffer back (relaxed: no fence on the chain).
-    if constexpr (QDP) arrive_remote_relaxed(peer_qbar + 8 * (Map::QD_BUFS + i % Map::QD_BUFS));
 
     // While WD_i runs: the next stage full and, with g, its do rows weighted, ordered
     // before QD_{i+1}'s reads by the fence and the barrier. (DEFER_DV2: dv2_i is staged
     // and stored while DV_{i+1} runs, or after the loop; else below.)
     if (!last) {
       wait_bar(&full_bar[ns], nphase);
-      if (!FWD && !QDP && use_g) {
+      if (!FWD && use_g) {
         prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
         if (DEFER_DV2) {
           fence_proxy_async();
@@ -1162,10 +1010,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
   store_dh0();
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
-  if constexpr (QDP) {
-    // The QD CTA's last arrivals on this CTA's barriers landed (it waits here too).
-    cluster_sync_all();
-  }
 }
 }  // namespace sm90_regstate
 }  // namespace kda_dhu

@@ -147,14 +147,14 @@ mod tests {
         let name = "KDA_DHU_EXP_SPLIT_LIVE";
         assert!(experiment_defined("nvcc flags: -O3 -DKDA_DHU_EXP_SPLIT_LIVE=1 -I x", name));
         assert!(experiment_defined("-DKDA_DHU_EXP_SPLIT_LIVE", name));
-        assert!(experiment_defined("-DKDA_DHU_EXP_QD_PARTNER=1", "KDA_DHU_EXP_QD_PARTNER"));
+        assert!(experiment_defined("-DKDA_DHU_EXP_ABLATE=2", "KDA_DHU_EXP_ABLATE"));
         for info in [
             "",
             "-DKDA_DHU_EXP_SPLIT_LIVE=0",
             "-DKDA_DHU_EXP_SPLIT_LIVE=00",
             "-DKDA_DHU_EXP_SPLIT_LIVE_X=1",
             "KDA_DHU_EXP_SPLIT_LIVE=1",
-            "-DKDA_DHU_EXP_QD_PARTNER=1",
+            "-DKDA_DHU_EXP_ABLATE=2",
         ] {
             assert!(!experiment_defined(info, name), "{info}");
         }

@@ -48,25 +48,6 @@ pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
         .smem_bytes
 }
 
-/// The grid of a launch of `config`'s kernel: `config.grid`, with gridDim.x doubled where the
-/// kernel runs as 2-CTA clusters (the KDA_DHU_EXP_QD_PARTNER experiment's build: stage 4's
-/// one-warpgroup kernels on sm_90a, cuda/dhu_sm90_regstate.cuh).
-fn launch_grid(arch: Arch, config: &KernelConfig) -> [u32; 3] {
-    let [gx, gy, gz] = config.grid;
-    if arch == Arch::Sm90 && !config.forward && config.nwg == 1 && qd_partner_built() {
-        [2 * gx, gy, gz]
-    } else {
-        config.grid
-    }
-}
-
-/// Whether this build's one-warpgroup stage-4 kernels are the KDA_DHU_EXP_QD_PARTNER
-/// experiment's 2-CTA clusters (read once).
-fn qd_partner_built() -> bool {
-    static BUILT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *BUILT.get_or_init(|| crate::kernels::experiment_built("KDA_DHU_EXP_QD_PARTNER"))
-}
-
 /// Dynamic shared memory of a split's first-pass kernel (the one-warpgroup map of its K).
 fn split_pass1_smem(k: u32) -> u32 {
     facts::layout(&facts::SM90, k, 1).expect("sm_90a has one-warpgroup kernels at K = 64 and 128").smem_bytes
@@ -840,7 +821,7 @@ fn launch_validated(
     let block = config.block_threads(arch);
     let mut param_ptr = [&mut params as *mut DhuParams as *mut c_void];
     let Some(sp) = config.split else {
-        return one.run(config.entry_point(arch), f, launch_grid(arch, &config), block, smem, &mut param_ptr);
+        return one.run(config.entry_point(arch), f, config.grid, block, smem, &mut param_ptr);
     };
     launch_split(&one, kernels, desc, &config, sp, params, config.entry_point(arch), f, block, smem)
 }
@@ -956,7 +937,7 @@ fn launch_split(
                 &mut svf as *mut i32 as *mut c_void,
             ],
         )?;
-        one.run(name, f, launch_grid(Arch::Sm90, config), block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
+        one.run(name, f, config.grid, block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
     })();
     let freed = one.free(x).and(one.free(u));
     result.and(freed)
@@ -999,29 +980,6 @@ mod tests {
                 .map(|_| TensorMeta::contiguous(0xe000_0000, &[n, hv, k, v], DType::F32, Device::cpu())),
             dv2: TensorMeta::contiguous(0xf000_0000, &[b, t, hv, v], args.dv.dtype, Device::cpu()),
         }
-    }
-
-    #[test]
-    fn the_launch_grid_doubles_only_on_the_partner_build() {
-        let one = KernelConfig {
-            k: 128,
-            dtype: DType::BF16,
-            flags: FLAG_GK,
-            grid: [2, 32, 1],
-            nwg: 1,
-            svf: false,
-            split: None,
-            forward: false,
-        };
-        let two = KernelConfig { nwg: 2, grid: [1, 32, 1], ..one };
-        let fwd = KernelConfig { forward: true, ..one };
-        let pairs = qd_partner_built();
-        assert_eq!(pairs, kernels::experiment_built("KDA_DHU_EXP_QD_PARTNER"));
-        assert_eq!(launch_grid(Arch::Sm90, &one), if pairs { [4, 32, 1] } else { [2, 32, 1] });
-        for c in [two, fwd] {
-            assert_eq!(launch_grid(Arch::Sm90, &c), c.grid);
-        }
-        assert_eq!(launch_grid(Arch::Sm100, &one), one.grid);
     }
 
     #[test]
