@@ -114,8 +114,23 @@
 //                           the tiles both V-tile CTAs of a head read (k, q, w) evict-last.
 //                           Below one wave the second CTA's reads of k, q, w miss L2 for
 //                           ~0.3 GB at b1_t65536_h32 (benches/NOTES.md, "L2").
+//   KDA_DHU_EXP_MULTICAST   the one-warpgroup instances (stage 4's usual and FWD; not a
+//                           split's first pass) run as 2-CTA clusters where the host
+//                           launches them so (src/launch.rs, `cluster_x`: the two V tiles
+//                           of a head, gridDim.x even): each CTA of the pair issues every
+//                           other 64-wide box of the stage's k, q, w (FWD w, k) multicast
+//                           to both, so that each box crosses L2 -> SM once per pair;
+//                           its full barrier expects the whole stage as before. A stage
+//                           is refilled once both CTAs' consumers released it: every
+//                           consumer warp arrives on the empty barrier of both CTAs
+//                           (2 x 4 arrivals); the last STAGES chunks, never refilled,
+//                           arrive nowhere, so that no remote arrival reaches a CTA that
+//                           has exited. A launch without a cluster runs as before.
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
+#endif
+#ifndef KDA_DHU_EXP_MULTICAST
+#define KDA_DHU_EXP_MULTICAST 0
 #endif
 #ifndef KDA_DHU_EXP_L2HINT
 #define KDA_DHU_EXP_L2HINT 0
@@ -361,6 +376,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
   using OpWD = typename RsAtom<T, K, GMMA::Major::MN, FWD ? GMMA::ScaleIn::One : GMMA::ScaleIn::Neg>::type;
+  // KDA_DHU_EXP_MULTICAST: this instance can run as a 2-CTA cluster, and does when launched so.
+  constexpr bool MC_CAPABLE = KDA_DHU_EXP_MULTICAST && NWG == 1 && !SUMMARY;
   // Chunk c of iteration i: newest first (stage 4), oldest first (FWD).
   auto chunk_of = [](int i, int nc) { return FWD ? i : nc - 1 - i; };
 
@@ -374,6 +391,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint64_t* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x;
+  const bool mc = MC_CAPABLE && cluster_nctarank() == 2;
   // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). Stage
   // 4's first pass counts seg from its last blockIdx.y row, so that its live CTAs (the
   // launch's newest segment) are dispatched first, as FWD's (segment 0) are: measured
@@ -425,11 +443,16 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       // Every producer lane arrives (after its own gate writes): no lane's writes are
       // published through another lane's arrival.
       cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 32);
-      cutlass::arch::ClusterBarrier::init(&empty_bar[s], CONSUMERS);
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], mc ? 2 * (CONSUMERS / 32) : CONSUMERS);
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if (mc) {  // both CTAs' barriers initialized before any multicast or remote arrival
+    cute::cluster_arrive();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   if (tid >= CONSUMERS) {
     // ------------------------------------------------------------------ producer warp
@@ -451,6 +474,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
                               : FWD   ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
                                       : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
+    // A box of the tiles both V-tile CTAs read (k, q, w; FWD w, k): box j of a stage is
+    // issued by CTA j % 2 of a pair, multicast to both (mc), else by this CTA.
+    const uint32_t rank = mc ? cluster_ctarank() : 0u;
+    auto load_shared = [&](const CUtensorMap* d, uint64_t* bar, uint8_t* dst, int j, int c0, int c1, int c2) {
+      if (!mc)
+        SM90_TMA_LOAD_4D::copy(d, bar, HINT_SHARED, dst, c0, c1, c2, b_row);
+      else if (uint32_t(j & 1) == rank)
+        SM90_TMA_LOAD_MULTICAST_4D::copy(d, bar, uint16_t(3), HINT_SHARED, dst, c0, c1, c2, b_row);
+    };
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
     // registers is refilled right after its chunk's gates are written, so no register copy
@@ -509,22 +541,17 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           const int t0 = bos + c * BT;
           if constexpr (FWD) {  // w in k's slot (DV's B), k in w's (WD's B), u in dv's
             for (int kb = 0; kb < KB; ++kb) {
-              SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], HINT_SHARED, st + Map::K_OFF + kb * BT * 128, kb * 64, hv, t0,
-                                     b_row);
-              SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], HINT_SHARED, st + Map::W_OFF + kb * BT * 128, kb * 64, h, t0,
-                                     b_row);
+              load_shared(&p.tma_w, &full_bar[s], st + Map::K_OFF + kb * BT * 128, kb, kb * 64, hv, t0);
+              load_shared(&p.tma_k, &full_bar[s], st + Map::W_OFF + kb * BT * 128, KB + kb, kb * 64, h, t0);
             }
             for (int wg = 0; wg < NWG && !ident_p; ++wg)
               SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], HINT_ONCE, st + Map::DV_OFF + wg * Map::VTILE,
                                      (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
           }
           for (int kb = 0; kb < KB && !FWD; ++kb) {
-            SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], HINT_SHARED, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-            if (!ident_p)
-              SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], HINT_SHARED, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0,
-                                     b_row);
-            SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], HINT_SHARED, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0,
-                                   b_row);
+            load_shared(&p.tma_k, &full_bar[s], st + Map::K_OFF + kb * BT * 128, kb, kb * 64, h, t0);
+            if (!ident_p) load_shared(&p.tma_q, &full_bar[s], st + Map::Q_OFF + kb * BT * 128, KB + kb, kb * 64, h, t0);
+            load_shared(&p.tma_w, &full_bar[s], st + Map::W_OFF + kb * BT * 128, 2 * KB + kb, kb * 64, hv, t0);
           }
           for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
             const int v0 = (blockIdx.x * NWG + wg) * BV;
@@ -1020,7 +1047,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
     warpgroup_wait<0>();
     fence_regs(b);
-    arrive_bar(&empty_bar[s]);
+    if (!mc) {
+      arrive_bar(&empty_bar[s]);
+    } else if (i + STAGES < NC) {  // both CTAs' copies of the stage, once per warp
+      __syncwarp();
+      if (lane < 2) arrive_bar_cluster(&empty_bar[s], uint32_t(lane));
+    }
     phase = nphase;
     s = ns;
   }
