@@ -126,6 +126,9 @@
 //                           (2 x 4 arrivals); the last STAGES chunks, never refilled,
 //                           arrive nowhere, so that no remote arrival reaches a CTA that
 //                           has exited. A launch without a cluster runs as before.
+//                           Probes (correct results): bit 1, the pair coupled as above but
+//                           each CTA loading its own tiles (no multicast); bit 2, the
+//                           cluster launch alone (own loads, own barriers).
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
@@ -392,6 +395,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
   const int tid = threadIdx.x;
   const bool mc = MC_CAPABLE && cluster_nctarank() == 2;
+  const bool couple = mc && !(KDA_DHU_EXP_MULTICAST & 4);      // both CTAs release a stage
+  const bool mcast = couple && !(KDA_DHU_EXP_MULTICAST & 2);   // k, q, w multicast
   // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). Stage
   // 4's first pass counts seg from its last blockIdx.y row, so that its live CTAs (the
   // launch's newest segment) are dispatched first, as FWD's (segment 0) are: measured
@@ -443,7 +448,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       // Every producer lane arrives (after its own gate writes): no lane's writes are
       // published through another lane's arrival.
       cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 32);
-      cutlass::arch::ClusterBarrier::init(&empty_bar[s], mc ? 2 * (CONSUMERS / 32) : CONSUMERS);
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], couple ? 2 * (CONSUMERS / 32) : CONSUMERS);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -476,9 +481,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
     // A box of the tiles both V-tile CTAs read (k, q, w; FWD w, k): box j of a stage is
     // issued by CTA j % 2 of a pair, multicast to both (mc), else by this CTA.
-    const uint32_t rank = mc ? cluster_ctarank() : 0u;
+    const uint32_t rank = mcast ? cluster_ctarank() : 0u;
     auto load_shared = [&](const CUtensorMap* d, uint64_t* bar, uint8_t* dst, int j, int c0, int c1, int c2) {
-      if (!mc)
+      if (!mcast)
         SM90_TMA_LOAD_4D::copy(d, bar, HINT_SHARED, dst, c0, c1, c2, b_row);
       else if (uint32_t(j & 1) == rank)
         SM90_TMA_LOAD_MULTICAST_4D::copy(d, bar, uint16_t(3), HINT_SHARED, dst, c0, c1, c2, b_row);
@@ -1047,7 +1052,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
     warpgroup_wait<0>();
     fence_regs(b);
-    if (!mc) {
+    if (!couple) {
       arrive_bar(&empty_bar[s]);
     } else if (i + STAGES < NC) {  // both CTAs' copies of the stage, once per warp
       __syncwarp();
