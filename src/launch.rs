@@ -894,7 +894,19 @@ impl Launch<'_> {
             // SAFETY: f belongs to the current context's module; args points at the kernel's
             // live parameters, in order; the driver copies them at launch.
             unsafe {
-                sys::cuLaunchKernel(f, gx, gy, gz, block, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+                sys::cuLaunchKernel(
+                    f,
+                    gx,
+                    gy,
+                    gz,
+                    block,
+                    1,
+                    1,
+                    smem,
+                    self.stream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
             }
         };
         let what = || {
