@@ -108,12 +108,6 @@
 //                           dh staged, not stored; bit 3: dh stored, not staged (sBh as it
 //                           is); bit 4: no dv2 staging and no dv2 store. What each costs on
 //                           the chain: benches/NOTES.md, "Ablations".
-//   KDA_DHU_EXP_L2HINT      L2 eviction priorities on the TMA copies (correct results):
-//                           bit 0: the single-use loads (do, dv; FWD u) evict-first;
-//                           bit 1: the stores (dh, dv2; FWD h, v_new) evict-first; bit 2:
-//                           the tiles both V-tile CTAs of a head read (k, q, w) evict-last.
-//                           Below one wave the second CTA's reads of k, q, w miss L2 for
-//                           ~0.3 GB at b1_t65536_h32 (benches/NOTES.md, "L2").
 //   KDA_DHU_EXP_MULTICAST   the one-warpgroup instances (stage 4's usual and FWD; not a
 //                           split's first pass) run as 2-CTA clusters where the host
 //                           launches them so (src/launch.rs, `cluster_x`: the two V tiles
@@ -134,9 +128,6 @@
 #endif
 #ifndef KDA_DHU_EXP_MULTICAST
 #define KDA_DHU_EXP_MULTICAST 0
-#endif
-#ifndef KDA_DHU_EXP_L2HINT
-#define KDA_DHU_EXP_L2HINT 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -265,28 +256,6 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t* r) {
                "r"(r[2]), "r"(r[3])
                : "memory");
 }
-// L2 eviction priorities (KDA_DHU_EXP_L2HINT; createpolicy's encodings, as CuTe's
-// TMA::CacheHintSm90). 0: the copies' operand as the release build passes it.
-constexpr uint64_t L2_EVICT_FIRST = 0x12F0000000000000ull;
-constexpr uint64_t L2_EVICT_LAST = 0x14F0000000000000ull;
-constexpr uint64_t HINT_ONCE = (KDA_DHU_EXP_L2HINT & 1) ? L2_EVICT_FIRST : 0;    // do, dv, u
-constexpr uint64_t HINT_SHARED = (KDA_DHU_EXP_L2HINT & 4) ? L2_EVICT_LAST : 0;   // k, q, w
-constexpr bool HINT_STORES = (KDA_DHU_EXP_L2HINT & 2) != 0;                       // dh, dv2
-
-// A 4-d TMA store (bulk group), evict-first in L2 with HINT_STORES, else CuTe's.
-__device__ __forceinline__ void tma_store_4d(const void* desc, const void* smem_src, int c0, int c1, int c2, int c3) {
-  if constexpr (HINT_STORES) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4, %5}], [%1], %6;" ::"l"(
-            reinterpret_cast<uint64_t>(desc)),
-        "r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem_src))), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-        "l"(L2_EVICT_FIRST)
-        : "memory");
-  } else {
-    SM90_TMA_STORE_4D::copy(desc, smem_src, c0, c1, c2, c3);
-  }
-}
-
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
@@ -484,9 +453,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     const uint32_t rank = mcast ? cluster_ctarank() : 0u;
     auto load_shared = [&](const CUtensorMap* d, uint64_t* bar, uint8_t* dst, int j, int c0, int c1, int c2) {
       if (!mcast)
-        SM90_TMA_LOAD_4D::copy(d, bar, HINT_SHARED, dst, c0, c1, c2, b_row);
+        SM90_TMA_LOAD_4D::copy(d, bar, 0, dst, c0, c1, c2, b_row);
       else if (uint32_t(j & 1) == rank)
-        SM90_TMA_LOAD_MULTICAST_4D::copy(d, bar, uint16_t(3), HINT_SHARED, dst, c0, c1, c2, b_row);
+        SM90_TMA_LOAD_MULTICAST_4D::copy(d, bar, uint16_t(3), 0, dst, c0, c1, c2, b_row);
     };
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
@@ -550,7 +519,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
               load_shared(&p.tma_k, &full_bar[s], st + Map::W_OFF + kb * BT * 128, KB + kb, kb * 64, h, t0);
             }
             for (int wg = 0; wg < NWG && !ident_p; ++wg)
-              SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], HINT_ONCE, st + Map::DV_OFF + wg * Map::VTILE,
+              SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
                                      (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
           }
           for (int kb = 0; kb < KB && !FWD; ++kb) {
@@ -560,8 +529,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           }
           for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
             const int v0 = (blockIdx.x * NWG + wg) * BV;
-            SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], HINT_ONCE, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
-            SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], HINT_ONCE, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
           }
         }
         if (use_gk) {
@@ -751,10 +720,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     if constexpr (SVF) {
       CUTE_UNROLL
       for (int kb = 0; kb < KB; ++kb)  // [64 v][64 k] boxes of the [V, K] checkpoint
-        tma_store_4d(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH + kb * 8192, kb * 64, v0, hv,
+        SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH + kb * 8192, kb * 64, v0, hv,
                                 int(chunk));
     } else {
-      tma_store_4d(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
+      SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + wg * Map::BH, v0, 0, hv, int(chunk));
     }
   };
   // Chunk c's dv2 rows from sDv2: TMA, by the leader.
@@ -763,7 +732,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // ptxas) ptxas 13.0 moved it into the store's uniform register under a predicate that the
     // dh store's uniformizing loop had just set to true, so the move never ran and dv2 went to
     // a stale row (scripts/build/check_sass.py finds such dead moves).
-    tma_store_4d(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT), batch_row(p, ctaid_z()));
+    SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + DV2_OFF, v0, hv, int(bos + int64_t(c) * BT), batch_row(p, ctaid_z()));
   };
   // The short chunk c of a packed batch: its first `rows` dv2 rows from sDv2, plain stores by
   // every thread (the rows past the sequence's end belong to the next sequence).
