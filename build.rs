@@ -225,13 +225,15 @@ fn main() {
 }
 
 /// Compiles build/kernel_facts.cpp against cuda/dhu_layout.h with nvcc's host compiler
-/// (no CUDA runtime), runs it on the build host, and writes its output, the Rust table of
-/// the kernels' numbers, to OUT_DIR/kernel_facts.rs.
+/// (no CUDA runtime) and the kernels' experiment macros (a map an experiment changes is
+/// the one its launches ask for), runs it on the build host, and writes its output, the
+/// Rust table of the kernels' numbers, to OUT_DIR/kernel_facts.rs.
 fn write_kernel_facts(nvcc: &Path, manifest: &Path, cuda_dir: &Path, out_dir: &Path) {
     let src = manifest.join("build").join("kernel_facts.cpp");
     let exe = out_dir.join("kernel_facts");
     let mut cmd = Command::new(nvcc);
-    cmd.args(["-x", "c++", "-std=c++17", "--cudart", "none", "-I"]).arg(cuda_dir).arg("-o").arg(&exe).arg(&src);
+    cmd.args(["-x", "c++", "-std=c++17", "--cudart", "none"]).args(experiment_defines());
+    cmd.arg("-I").arg(cuda_dir).arg("-o").arg(&exe).arg(&src);
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {}: {e}; {NVCC_HELP}", nvcc.display()));
     if !out.status.success() {
         panic!(

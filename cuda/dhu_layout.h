@@ -49,17 +49,20 @@ constexpr int G_LEN = 136;
 
 // The register-state kernel's shared memory (cuda/dhu_sm90_regstate.cuh), in bytes from
 // a 1024-aligned base: the TMA ring; per warpgroup one dh and one dv2 staging
-// tile; per stage the exp2(gk) row and the g gate vectors.
-template <int K, int NWG>
-struct SmemMap {
-  static constexpr int STAGES = num_stages<K, NWG>();
+// tile; per stage the exp2(gk) row and the g gate vectors. RING = 0: stage 4's map (its
+// stages by num_stages; the forward scan's instances use it too unless an experiment
+// asks otherwise); RING = n > 0: the forward scan's own map, n stages of its loads only
+// (w, k, u: no q or do slots).
+template <int K, int NWG, int RING = 0>
+struct SmemMapOf {
+  static constexpr int STAGES = RING ? RING : num_stages<K, NWG>();
   static constexpr int KTILE = BT * K * 2;         // one of k, q, w for one chunk
   static constexpr int VTILE = BT * BV * 2;        // one warpgroup's tile of do, dv, dv2
   static constexpr int K_OFF = 0;
-  static constexpr int Q_OFF = K_OFF + KTILE;
-  static constexpr int W_OFF = Q_OFF + KTILE;
-  static constexpr int DO_OFF = W_OFF + KTILE;     // NWG tiles
-  static constexpr int DV_OFF = DO_OFF + NWG * VTILE;
+  static constexpr int Q_OFF = K_OFF + KTILE;      // RING > 0: no q slot (Q_OFF == W_OFF)
+  static constexpr int W_OFF = Q_OFF + (RING ? 0 : KTILE);
+  static constexpr int DO_OFF = W_OFF + KTILE;     // NWG tiles; RING > 0: none
+  static constexpr int DV_OFF = DO_OFF + (RING ? 0 : NWG * VTILE);
   static constexpr int STAGE = DV_OFF + NWG * VTILE;
   static constexpr int BH_OFF = STAGES * STAGE;    // one sBh per warpgroup (the dh store's source)
   static constexpr int BH = K * BV * 2;
@@ -73,9 +76,39 @@ struct SmemMap {
   // aligned base: K = 128 with one warpgroup).
   static constexpr int SLACK = BYTES + 1024 <= SMEM_OPTIN_MAX ? 1024 : 0;
   static constexpr int DYNAMIC_BYTES = BYTES + SLACK;
-  static_assert(STAGE % 1024 == 0 && BH % 1024 == 0 && VTILE % 1024 == 0, "sw128 tiles need 1024-byte bases");
-  static_assert(DYNAMIC_BYTES <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
 };
+
+template <int K, int NWG, int RING = 0>
+struct SmemMap : SmemMapOf<K, NWG, RING> {
+  using Of = SmemMapOf<K, NWG, RING>;
+  static_assert(Of::STAGE % 1024 == 0 && Of::BH % 1024 == 0 && Of::VTILE % 1024 == 0,
+                "sw128 tiles need 1024-byte bases");
+  static_assert(Of::DYNAMIC_BYTES <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
+};
+
+// KDA_DHU_EXP_FWD_STAGES = n (an experiment, 0 in every release build): the forward
+// scan's unsplit instances take their own map (SmemMapOf's RING) with the deepest ring of
+// at most n stages that fits (K = 64 with one warpgroup: two CTAs per SM, as stage 4's),
+// so that more chunks of loads are in flight per SM (benches/NOTES.md, "The forward
+// scan's ring"). 0: stage 4's map.
+#ifndef KDA_DHU_EXP_FWD_STAGES
+#define KDA_DHU_EXP_FWD_STAGES 0
+#endif
+template <int K, int NWG, int N>
+constexpr bool fwd_ring_fits() {
+  using M = SmemMapOf<K, NWG, N>;
+  return K == 64 && NWG == 1 ? 2 * (M::DYNAMIC_BYTES + 1024) <= 228 * 1024 : M::BYTES <= SMEM_OPTIN_MAX;
+}
+template <int K, int NWG, int N = KDA_DHU_EXP_FWD_STAGES>
+constexpr int fwd_ring() {
+  if constexpr (N <= 0) {
+    return 0;
+  } else if constexpr (N <= 2 || fwd_ring_fits<K, NWG, N>()) {
+    return N < 2 ? 2 : N;
+  } else {
+    return fwd_ring<K, NWG, N - 1>();
+  }
+}
 
 }  // namespace sm90_regstate
 

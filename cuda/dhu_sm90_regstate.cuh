@@ -331,7 +331,9 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false, bool FWD = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
-  using Map = SmemMap<K, NWG>;
+  // The forward scan's unsplit instances: their own ring where KDA_DHU_EXP_FWD_STAGES asks
+  // (dhu_layout.h, fwd_ring; the host's launch asks the same map's bytes).
+  using Map = SmemMap<K, NWG, (FWD && !SUMMARY) ? fwd_ring<K, NWG>() : 0>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
   constexpr int STAGES = Map::STAGES;

@@ -7,7 +7,9 @@
 //!   `SMEM_OPTIN_MAX_SM90` (the 227 KB opt-in maximum of dynamic shared memory);
 //! - `SM90`, `SM100`: one [`Layout`] per head dim K and consumer
 //!   warpgroup count of each kernel family (TMA ring stages, threads per CTA, the dynamic
-//!   shared memory its launch asks for: the map's bytes plus the alignment slack).
+//!   shared memory its launch asks for: the map's bytes plus the alignment slack);
+//! - `SM90_FWD`: the same for the forward scan's unsplit sm_90a kernels (stage 4's rows
+//!   unless the build is the KDA_DHU_EXP_FWD_STAGES experiment's, whose ring is its own).
 //!
 //! Python reads the same table through `kda_dhu._core.kernel_facts()`.
 

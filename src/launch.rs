@@ -40,6 +40,7 @@ use std::sync::OnceLock;
 /// through `crate::facts`.
 pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
     let table: &[facts::Layout] = match arch {
+        Arch::Sm90 if config.forward => &facts::SM90_FWD,
         Arch::Sm90 => &facts::SM90,
         Arch::Sm100 => &facts::SM100,
     };
@@ -1325,6 +1326,10 @@ mod tests {
         // K = 64 with two), else 2.
         let stages: Vec<_> = facts::SM90.iter().map(|l| (l.k, l.nwg, l.stages)).collect();
         assert_eq!(stages, [(64, 1, 2), (128, 1, 3), (64, 2, 3), (128, 2, 2)]);
+        // The forward scan's unsplit kernels: stage 4's maps unless an experiment's build.
+        if !crate::kernels::experiment_built("KDA_DHU_EXP_FWD_STAGES") {
+            assert_eq!(facts::SM90_FWD, facts::SM90);
+        }
     }
 
     /// Driver answers for `load_kernels`: what cuModuleLoadData returns, which entry point

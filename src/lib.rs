@@ -956,7 +956,8 @@ fn force() -> PyResult<Option<&'static str>> {
 
 /// Kernel launches of this process so far (every route), for tests and benchmarks.
 /// The kernels' numbers (cuda/dhu_layout.h, their one owner): {"BT", "BV", "WG_THREADS",
-/// "SMEM_OPTIN_MAX_SM90": int, "sm90" / "sm100": [{"k", "nwg",
+/// "SMEM_OPTIN_MAX_SM90": int, "sm90" / "sm90_fwd" (the forward scan's unsplit kernels) /
+/// "sm100": [{"k", "nwg",
 /// "stages", "threads", "smem_bytes"}, ...]}.
 #[pyfunction]
 fn kernel_facts(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
@@ -965,7 +966,8 @@ fn kernel_facts(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     d.set_item("BV", facts::BV)?;
     d.set_item("WG_THREADS", facts::WG_THREADS)?;
     d.set_item("SMEM_OPTIN_MAX_SM90", facts::SMEM_OPTIN_MAX_SM90)?;
-    for (name, table) in [("sm90", &facts::SM90[..]), ("sm100", &facts::SM100[..])] {
+    let tables = [("sm90", &facts::SM90[..]), ("sm90_fwd", &facts::SM90_FWD[..]), ("sm100", &facts::SM100[..])];
+    for (name, table) in tables {
         let rows = pyo3::types::PyList::empty(py);
         for l in table {
             let r = pyo3::types::PyDict::new(py);

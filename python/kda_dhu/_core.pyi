@@ -311,8 +311,9 @@ BV: int
 
 def kernel_facts() -> dict[str, object]:
     """The kernels' numbers, from cuda/dhu_layout.h (their one owner): BT, BV, WG_THREADS,
-    SMEM_OPTIN_MAX_SM90, and per kernel family ("sm90", "sm100") a list of
-    {"k", "nwg", "stages", "threads", "smem_bytes"} (dynamic shared memory of a launch)."""
+    SMEM_OPTIN_MAX_SM90, and per kernel family ("sm90", "sm90_fwd": the forward scan's
+    unsplit kernels, "sm100") a list of {"k", "nwg", "stages", "threads", "smem_bytes"}
+    (dynamic shared memory of a launch)."""
 
 def force() -> str | None:
     """KDA_DHU_FORCE: None, "kernel" or "fla"; ValueError for another value."""

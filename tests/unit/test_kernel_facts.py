@@ -29,8 +29,8 @@ def test_the_core_exports_the_header_s_numbers():
 
 def test_every_kernel_shape_fits():
     facts = _core.kernel_facts()
-    assert set(facts) >= {"sm90", "sm100"} and "sm90_regstate" not in facts
-    for family in ("sm90", "sm100"):
+    assert set(facts) >= {"sm90", "sm90_fwd", "sm100"} and "sm90_regstate" not in facts
+    for family in ("sm90", "sm90_fwd", "sm100"):
         rows = facts[family]
         assert rows, family
         for r in rows:
@@ -38,6 +38,7 @@ def test_every_kernel_shape_fits():
             assert r["threads"] % 32 == 0 and r["stages"] >= 2, (family, r)
     key = lambda r: (r["k"], r["nwg"])  # noqa: E731
     assert sorted(key(r) for r in facts["sm90"]) == [(64, 1), (64, 2), (128, 1), (128, 2)]
+    assert sorted(map(key, facts["sm90_fwd"])) == sorted(map(key, facts["sm90"]))
     assert {r["nwg"]: r["threads"] for r in facts["sm90"]} == {1: 160, 2: 384}
 
 
