@@ -19,8 +19,11 @@ constexpr int SEQ_EXTENT_BYTES = 32;  // the CTA's sequence extent in shared mem
 
 namespace sm90 {
 
-// The opt-in maximum of dynamic shared memory per block on sm_90 (227 KB).
+// The opt-in maximum of dynamic shared memory per block on sm_90 (227 KB), the shared
+// memory of an SM (228 KB) and what the hardware reserves of it per resident CTA (1 KB).
 constexpr int SMEM_OPTIN_MAX = 227 * 1024;
+constexpr int SMEM_PER_SM = 228 * 1024;
+constexpr int SMEM_RESERVED_PER_CTA = 1024;
 // Depth of the TMA ring: 3 stages (two chunks of loads in flight while one is consumed)
 // where shared memory allows, else 2: K = 64 with one warpgroup keeps 2 stages so that two
 // CTAs share an SM; K = 128 with two warpgroups has no room for a third.
@@ -97,14 +100,17 @@ struct SmemMap : SmemMapOf<K, NWG, RING> {
 template <int K, int NWG, int N>
 constexpr bool fwd_ring_fits() {
   using M = SmemMapOf<K, NWG, N>;
-  return K == 64 && NWG == 1 ? 2 * (M::DYNAMIC_BYTES + 1024) <= 228 * 1024 : M::BYTES <= SMEM_OPTIN_MAX;
+  constexpr int ctas = K == 64 && NWG == 1 ? 2 : 1;
+  return M::BYTES <= SMEM_OPTIN_MAX && ctas * (M::DYNAMIC_BYTES + sm90::SMEM_RESERVED_PER_CTA) <= sm90::SMEM_PER_SM;
 }
 template <int K, int NWG, int N = KDA_DHU_EXP_FWD_STAGES>
 constexpr int fwd_ring() {
   if constexpr (N <= 0) {
     return 0;
-  } else if constexpr (N <= 2 || fwd_ring_fits<K, NWG, N>()) {
-    return N < 2 ? 2 : N;
+  } else if constexpr (N <= 2) {
+    return 2;
+  } else if constexpr (fwd_ring_fits<K, NWG, N>()) {
+    return N;
   } else {
     return fwd_ring<K, NWG, N - 1>();
   }

@@ -954,7 +954,6 @@ fn force() -> PyResult<Option<&'static str>> {
     guard(|| Ok(env::force()?.map(env::Force::name)))
 }
 
-/// Kernel launches of this process so far (every route), for tests and benchmarks.
 /// The kernels' numbers (cuda/dhu_layout.h, their one owner): {"BT", "BV", "WG_THREADS",
 /// "SMEM_OPTIN_MAX_SM90": int, "sm90" / "sm90_fwd" (the forward scan's unsplit kernels) /
 /// "sm100": [{"k", "nwg",
