@@ -5,16 +5,17 @@ which the kernels' runtime flags (``use_gk``, ``varlen``) are constants (the sca
 the instance's: the ``_g`` entry point for g), so that
 each chunk loop is straight-line code for that configuration, disassembles the entry
 points with nvdisasm and counts the instructions of the innermost loop that holds a
-whole chunk's wgmma (>= 12 HGMMA). Warps 1-3 skip the leader's TMA-store blocks (found
+whole chunk's wgmma (>= 8 HGMMA). Warps 1-3 skip the leader's TMA-store blocks (found
 as the forward branches around UTMASTG / the leader's bulk wait); warp 0 runs them.
 The loop's inner loops (the g path's do-row weighting) are unrolled into one trip, so
 the static count is the count issued per chunk. For the register-state kernel it also
-splits the loop at its wgmma issues and waits (the chain's segments).
+splits the loop at its wgmma issues and waits (the chain's segments: stage 4's DV and WD,
+the forward scan's WH and KV).
 
-    python3 scripts/build/sass_chunk_count.py [--entries rs_k128_bf16,rs_k64_bf16,...]
+    python3 scripts/build/sass_chunk_count.py [--entries rs_k128_bf16,rs_k64_bf16,fwd_k128_bf16,...]
 
 nvcc and the CUTLASS headers as build.rs finds them ($NVCC / the nvidia-cuda-nvcc wheel,
-$CUTLASS_DIR / the nvidia-cutlass wheel); nvdisasm from $NVDISASM, else on PATH or next to nvcc (the wheels ship none: /work/tools/nvidia/cu13/bin here).
+$CUTLASS_DIR / the nvidia-cutlass wheel); nvdisasm from $NVDISASM, else on PATH, else next to nvcc.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def chunk_loop(ins, labels):
         if m and labels[m.group(1)] < a:
             lo = labels[m.group(1)]
             h = sum("HGMMA" in x[1] for x in ins if lo <= x[0] <= a)
-            if h >= 12 and (best is None or a - lo < best[1] - best[0]):
+            if h >= 8 and (best is None or a - lo < best[1] - best[0]):
                 best = (lo, a)
     lo, hi = best
     return [x for x in ins if lo <= x[0] <= hi]
@@ -102,6 +103,9 @@ def leader_only(body, labels):
 def segments(body):
     """Register-state loop: instructions between its wgmma issues and waits."""
     idx = lambda pred: [i for i, (_, t) in enumerate(body) if pred(t)]  # noqa: E731
+    first = next(t for _, t in body if "HGMMA" in t)
+    if "-R" in first:  # the forward scan's loop opens with WH, stage 4's with DV
+        return segments_fwd(body, idx)
     dv = idx(lambda t: "HGMMA.64x64x16" in t and "-R" not in t and "tnspA" not in t)
     wd = idx(lambda t: "HGMMA" in t and "-R" in t)
     w1 = idx(lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t)
@@ -116,6 +120,27 @@ def segments(body):
         "DV wait -> WD issue": wd[0] - w1[0],
         "WD issue window": wd[-1] - wd[0] + 1,
         "WD flight": w0[-1] - wd[-1] - 1,
+    }
+
+
+def segments_fwd(body, idx):
+    """The forward scan's loop: WH (v_new^T = u^T - h^T w^T, A = -h^T from registers) and
+    KV (h^T <- h^T + v_new^T k, A from registers, B = k transposed), each waited for."""
+    wh = idx(lambda t: "HGMMA" in t and "-R" in t)
+    kv = idx(lambda t: "HGMMA" in t and "tnspB" in t)
+    w0 = idx(lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t)
+    if not (wh and kv and len(w0) >= 2):
+        return None
+    n = len(body)
+    whw = [i for i in w0 if i > wh[-1]][0]
+    kvw = [i for i in w0 if i > kv[-1]][0]
+    return {
+        "KV wait -> WH issue": wh[0] + (n - kvw),
+        "WH issue window": wh[-1] - wh[0] + 1,
+        "WH flight": whw - wh[-1] - 1,
+        "WH wait -> KV issue": kv[0] - whw,
+        "KV issue window": kv[-1] - kv[0] + 1,
+        "KV flight": kvw - kv[-1] - 1,
     }
 
 
