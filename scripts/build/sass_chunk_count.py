@@ -100,16 +100,20 @@ def leader_only(body, labels):
     return out
 
 
+def where(body, pred):
+    """Positions in the loop body of the instructions whose text satisfies pred."""
+    return [i for i, (_, t) in enumerate(body) if pred(t)]
+
+
 def segments(body):
     """Register-state loop: instructions between its wgmma issues and waits."""
-    idx = lambda pred: [i for i, (_, t) in enumerate(body) if pred(t)]  # noqa: E731
     first = next(t for _, t in body if "HGMMA" in t)
     if "-R" in first:  # the forward scan's loop opens with WH, stage 4's with DV
-        return segments_fwd(body, idx)
-    dv = idx(lambda t: "HGMMA.64x64x16" in t and "-R" not in t and "tnspA" not in t)
-    wd = idx(lambda t: "HGMMA" in t and "-R" in t)
-    w1 = idx(lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t)
-    w0 = idx(lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t)
+        return segments_fwd(body)
+    dv = where(body, lambda t: "HGMMA.64x64x16" in t and "-R" not in t and "tnspA" not in t)
+    wd = where(body, lambda t: "HGMMA" in t and "-R" in t)
+    w1 = where(body, lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t)
+    w0 = where(body, lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t)
     if not (dv and wd and w1 and w0):
         return None
     n = len(body)
@@ -123,12 +127,12 @@ def segments(body):
     }
 
 
-def segments_fwd(body, idx):
+def segments_fwd(body):
     """The forward scan's loop: WH (v_new^T = u^T - h^T w^T, A = -h^T from registers) and
     KV (h^T <- h^T + v_new^T k, A from registers, B = k transposed), each waited for."""
-    wh = idx(lambda t: "HGMMA" in t and "-R" in t)
-    kv = idx(lambda t: "HGMMA" in t and "tnspB" in t)
-    w0 = idx(lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t)
+    wh = where(body, lambda t: "HGMMA" in t and "-R" in t)
+    kv = where(body, lambda t: "HGMMA" in t and "tnspB" in t)
+    w0 = where(body, lambda t: "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t)
     if not (wh and kv and len(w0) >= 2):
         return None
     n = len(body)
