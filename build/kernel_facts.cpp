@@ -34,8 +34,8 @@ int main() {
   row<64, 2, sm90_regstate::SmemMap<64, 2>>(sm90_regstate::num_threads<2>());
   row<128, 2, sm90_regstate::SmemMap<128, 2>>(sm90_regstate::num_threads<2>());
   std::printf("];\n");
-  // The forward scan's unsplit instances (their map: dhu_layout.h, fwd_ring; stage 4's
-  // where no experiment asks for a ring of their own).
+  // The forward scan's unsplit instances (their map: dhu_layout.h, fwd_ring; K = 128 with
+  // one warpgroup its own ring, the others stage 4's unless an experiment asks otherwise).
   std::printf("pub const SM90_FWD: [Layout; 4] = [\n");
   row<64, 1, sm90_regstate::SmemMap<64, 1, sm90_regstate::fwd_ring<64, 1>()>>(sm90_regstate::num_threads<1>());
   row<128, 1, sm90_regstate::SmemMap<128, 1, sm90_regstate::fwd_ring<128, 1>()>>(sm90_regstate::num_threads<1>());

@@ -66,31 +66,6 @@ __device__ __forceinline__ void named_sync(uint32_t num_threads, uint32_t barrie
   cutlass::arch::NamedBarrier::sync(num_threads, barrier_id);
   compiler_fence();
 }
-// Clusters (launched with a cluster dimension by the host, no compile-time one): this
-// CTA's rank and the cluster's CTAs; an arrival on the barrier at `bar`'s offset in CTA
-// `cta` of the cluster (the consumer's release of a stage, as CUTLASS's ClusterBarrier: the
-// default .release.cta; .release.cluster put a MEMBAR.ALL.GPU before every arrival, which
-// waits for the thread's outstanding memory operations: 1.40x slower below one wave).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_nctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void arrive_bar_cluster(uint64_t* bar, uint32_t cta) {
-  compiler_fence();
-  asm volatile(
-      "{\n\t.reg .b32 ra;\n\t"
-      "mapa.shared::cluster.u32 ra, %0, %1;\n\t"
-      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n\t}" ::"r"(
-          static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-      "r"(cta)
-      : "memory");
-}
 // Generic-proxy smem writes -> visible to the async proxy (MMA operand reads, TMA stores).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

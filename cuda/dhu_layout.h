@@ -89,11 +89,16 @@ struct SmemMap : SmemMapOf<K, NWG, RING> {
   static_assert(Of::DYNAMIC_BYTES <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
 };
 
-// KDA_DHU_EXP_FWD_STAGES = n (an experiment, 0 in every release build): the forward
-// scan's unsplit instances take their own map (SmemMapOf's RING) with the deepest ring of
-// at most n stages that fits (K = 64 with one warpgroup: two CTAs per SM, as stage 4's),
-// so that more chunks of loads are in flight per SM (benches/NOTES.md, "The forward
-// scan's ring"). 0: stage 4's map.
+// The forward scan's ring. Its unsplit instances with K = 128 and one warpgroup (the
+// planner's below one wave: one CTA per SM, few CTAs) take a map of their own, RING =
+// FWD_RING_K128_WG1 stages of w, k and u only (SmemMapOf's RING), so that more chunks of
+// loads are in flight per SM: on the H200 4 stages run b1_t65536_h32 2.2 % faster, gva 1.6 %,
+// the tail 3.5 %, and with two warpgroups (3 stages there) the dense rows 3-5 % slower, so
+// the other instances keep stage 4's map (benches/NOTES.md, "The forward scan's ring").
+// KDA_DHU_EXP_FWD_STAGES = n (an experiment, 0 in every release build): every unsplit
+// instance takes the deepest ring of at most n stages that fits (K = 64 with one warpgroup:
+// two CTAs per SM, as stage 4's).
+constexpr int FWD_RING_K128_WG1 = 4;
 #ifndef KDA_DHU_EXP_FWD_STAGES
 #define KDA_DHU_EXP_FWD_STAGES 0
 #endif
@@ -103,7 +108,8 @@ constexpr bool fwd_ring_fits() {
   constexpr int ctas = K == 64 && NWG == 1 ? 2 : 1;
   return M::BYTES <= SMEM_OPTIN_MAX && ctas * (M::DYNAMIC_BYTES + sm90::SMEM_RESERVED_PER_CTA) <= sm90::SMEM_PER_SM;
 }
-template <int K, int NWG, int N = KDA_DHU_EXP_FWD_STAGES>
+template <int K, int NWG,
+          int N = KDA_DHU_EXP_FWD_STAGES ? KDA_DHU_EXP_FWD_STAGES : (K == 128 && NWG == 1 ? FWD_RING_K128_WG1 : 0)>
 constexpr int fwd_ring() {
   if constexpr (N <= 0) {
     return 0;

@@ -108,26 +108,8 @@
 //                           dh staged, not stored; bit 3: dh stored, not staged (sBh as it
 //                           is); bit 4: no dv2 staging and no dv2 store. What each costs on
 //                           the chain: benches/NOTES.md, "Ablations".
-//   KDA_DHU_EXP_MULTICAST   the one-warpgroup instances (stage 4's usual and FWD; not a
-//                           split's first pass) run as 2-CTA clusters where the host
-//                           launches them so (src/launch.rs, `cluster_x`: the two V tiles
-//                           of a head, gridDim.x even): each CTA of the pair issues every
-//                           other 64-wide box of the stage's k, q, w (FWD w, k) multicast
-//                           to both, so that each box crosses L2 -> SM once per pair;
-//                           its full barrier expects the whole stage as before. A stage
-//                           is refilled once both CTAs' consumers released it: every
-//                           consumer warp arrives on the empty barrier of both CTAs
-//                           (2 x 4 arrivals); the last STAGES chunks, never refilled,
-//                           arrive nowhere, so that no remote arrival reaches a CTA that
-//                           has exited. A launch without a cluster runs as before.
-//                           Probes (correct results): bit 1, the pair coupled as above but
-//                           each CTA loading its own tiles (no multicast); bit 2, the
-//                           cluster launch alone (own loads, own barriers).
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
-#endif
-#ifndef KDA_DHU_EXP_MULTICAST
-#define KDA_DHU_EXP_MULTICAST 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -331,8 +313,8 @@ __device__ __forceinline__ void prepare_do_rows(uint32_t tile, int ctid, bool us
 template <int K, class T, int NWG, bool SVF, bool G, bool SUMMARY = false, bool FWD = false>
 __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   static_assert(!SUMMARY || NWG == 1, "a split's first pass has one warpgroup per CTA");
-  // The forward scan's unsplit instances: their own ring where KDA_DHU_EXP_FWD_STAGES asks
-  // (dhu_layout.h, fwd_ring; the host's launch asks the same map's bytes).
+  // The forward scan's unsplit instances: their own ring where fwd_ring gives one (K = 128
+  // with one warpgroup; dhu_layout.h); the host's launch asks the same map's bytes.
   using Map = SmemMap<K, NWG, (FWD && !SUMMARY) ? fwd_ring<K, NWG>() : 0>;
   constexpr int KB = K / 64;          // 64-wide K boxes per tile
   constexpr int CONSUMERS = NWG * WG_THREADS;
@@ -350,8 +332,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
   using OpWD = typename RsAtom<T, K, GMMA::Major::MN, FWD ? GMMA::ScaleIn::One : GMMA::ScaleIn::Neg>::type;
-  // KDA_DHU_EXP_MULTICAST: this instance can run as a 2-CTA cluster, and does when launched so.
-  constexpr bool MC_CAPABLE = KDA_DHU_EXP_MULTICAST && NWG == 1 && !SUMMARY;
   // Chunk c of iteration i: newest first (stage 4), oldest first (FWD).
   auto chunk_of = [](int i, int nc) { return FWD ? i : nc - 1 - i; };
 
@@ -365,9 +345,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint64_t* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x;
-  const bool mc = MC_CAPABLE && cluster_nctarank() == 2;
-  const bool couple = mc && !(KDA_DHU_EXP_MULTICAST & 4);      // both CTAs release a stage
-  const bool mcast = couple && !(KDA_DHU_EXP_MULTICAST & 2);   // k, q, w multicast
   // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). Stage
   // 4's first pass counts seg from its last blockIdx.y row, so that its live CTAs (the
   // launch's newest segment) are dispatched first, as FWD's (segment 0) are: measured
@@ -419,16 +396,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       // Every producer lane arrives (after its own gate writes): no lane's writes are
       // published through another lane's arrival.
       cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 32);
-      cutlass::arch::ClusterBarrier::init(&empty_bar[s], couple ? 2 * (CONSUMERS / 32) : CONSUMERS);
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], CONSUMERS);
     }
     cutlass::arch::fence_barrier_init();
   }
-  if (mc) {  // both CTAs' barriers initialized before any multicast or remote arrival
-    cute::cluster_arrive();
-    cute::cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (tid >= CONSUMERS) {
     // ------------------------------------------------------------------ producer warp
@@ -450,15 +422,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
                               : FWD   ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
                                       : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
-    // A box of the tiles both V-tile CTAs read (k, q, w; FWD w, k): box j of a stage is
-    // issued by CTA j % 2 of a pair, multicast to both (mc), else by this CTA.
-    const uint32_t rank = mcast ? cluster_ctarank() : 0u;
-    auto load_shared = [&](const CUtensorMap* d, uint64_t* bar, uint8_t* dst, int j, int c0, int c1, int c2) {
-      if (!mcast)
-        SM90_TMA_LOAD_4D::copy(d, bar, 0, dst, c0, c1, c2, b_row);
-      else if (uint32_t(j & 1) == rank)
-        SM90_TMA_LOAD_MULTICAST_4D::copy(d, bar, uint16_t(3), 0, dst, c0, c1, c2, b_row);
-    };
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
     // registers is refilled right after its chunk's gates are written, so no register copy
@@ -517,17 +480,18 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           const int t0 = bos + c * BT;
           if constexpr (FWD) {  // w in k's slot (DV's B), k in w's (WD's B), u in dv's
             for (int kb = 0; kb < KB; ++kb) {
-              load_shared(&p.tma_w, &full_bar[s], st + Map::K_OFF + kb * BT * 128, kb, kb * 64, hv, t0);
-              load_shared(&p.tma_k, &full_bar[s], st + Map::W_OFF + kb * BT * 128, KB + kb, kb * 64, h, t0);
+              SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
+              SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
             }
             for (int wg = 0; wg < NWG && !ident_p; ++wg)
               SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
                                      (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
           }
           for (int kb = 0; kb < KB && !FWD; ++kb) {
-            load_shared(&p.tma_k, &full_bar[s], st + Map::K_OFF + kb * BT * 128, kb, kb * 64, h, t0);
-            if (!ident_p) load_shared(&p.tma_q, &full_bar[s], st + Map::Q_OFF + kb * BT * 128, KB + kb, kb * 64, h, t0);
-            load_shared(&p.tma_w, &full_bar[s], st + Map::W_OFF + kb * BT * 128, 2 * KB + kb, kb * 64, hv, t0);
+            SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+            if (!ident_p)
+              SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+            SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
           }
           for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
             const int v0 = (blockIdx.x * NWG + wg) * BV;
@@ -1023,12 +987,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
     warpgroup_wait<0>();
     fence_regs(b);
-    if (!couple) {
-      arrive_bar(&empty_bar[s]);
-    } else if (i + STAGES < NC) {  // both CTAs' copies of the stage, once per warp
-      __syncwarp();
-      if (lane < 2) arrive_bar_cluster(&empty_bar[s], uint32_t(lane));
-    }
+    arrive_bar(&empty_bar[s]);
     phase = nphase;
     s = ns;
   }

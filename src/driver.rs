@@ -57,9 +57,8 @@ pub const KERNEL_SYMBOLS: &[&str] = &[
 ];
 
 /// Entry points used where the driver has them (tma.rs: without it every call encodes
-/// its descriptors anew), or only by an experiment build (launch.rs: cuLaunchKernelEx
-/// launches the KDA_DHU_EXP_MULTICAST build's clusters; CUDA 11.8 added it).
-pub const OPTIONAL_SYMBOLS: &[&str] = &["cuTensorMapReplaceAddress", "cuLaunchKernelEx"];
+/// its descriptors anew).
+pub const OPTIONAL_SYMBOLS: &[&str] = &["cuTensorMapReplaceAddress"];
 
 /// The names in `names` that the loaded libcuda does not export (all of them without
 /// a driver).

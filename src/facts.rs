@@ -9,7 +9,8 @@
 //!   warpgroup count of each kernel family (TMA ring stages, threads per CTA, the dynamic
 //!   shared memory its launch asks for: the map's bytes plus the alignment slack);
 //! - `SM90_FWD`: the same for the forward scan's unsplit sm_90a kernels (stage 4's rows
-//!   unless the build is the KDA_DHU_EXP_FWD_STAGES experiment's, whose ring is its own).
+//!   but K = 128 with one warpgroup, whose ring of w, k, u is its own: `fwd_ring`; every
+//!   row its own in the KDA_DHU_EXP_FWD_STAGES experiment's build).
 //!
 //! Python reads the same table through `kda_dhu._core.kernel_facts()`.
 

@@ -49,25 +49,6 @@ pub fn smem_bytes(arch: Arch, config: &KernelConfig) -> u32 {
         .smem_bytes
 }
 
-/// CTAs per cluster along x of a launch of `config`'s kernel: 2 where the image is the
-/// KDA_DHU_EXP_MULTICAST experiment's (cuda/dhu_sm90_regstate.cuh: the pair of V-tile CTAs
-/// of a head share the stage's k, q, w loads by TMA multicast) and the kernel is an sm_90a
-/// one-warpgroup one with an even gridDim.x; else 1 (no cluster). A split's first pass
-/// is never a cluster (its launch passes 1).
-fn cluster_x(arch: Arch, config: &KernelConfig) -> u32 {
-    if arch == Arch::Sm90 && config.nwg == 1 && config.grid[0] % 2 == 0 && multicast_built() {
-        2
-    } else {
-        1
-    }
-}
-
-/// Whether this build is the KDA_DHU_EXP_MULTICAST experiment's (read once).
-fn multicast_built() -> bool {
-    static BUILT: OnceLock<bool> = OnceLock::new();
-    *BUILT.get_or_init(|| kernels::experiment_built("KDA_DHU_EXP_MULTICAST"))
-}
-
 /// Dynamic shared memory of a split's first-pass kernel (the one-warpgroup map of its K).
 fn split_pass1_smem(k: u32) -> u32 {
     facts::layout(&facts::SM90, k, 1).expect("sm_90a has one-warpgroup kernels at K = 64 and 128").smem_bytes
@@ -841,8 +822,7 @@ fn launch_validated(
     let block = config.block_threads(arch);
     let mut param_ptr = [&mut params as *mut DhuParams as *mut c_void];
     let Some(sp) = config.split else {
-        let cx = cluster_x(arch, &config);
-        return one.run(config.entry_point(arch), f, config.grid, cx, block, smem, &mut param_ptr);
+        return one.run(config.entry_point(arch), f, config.grid, block, smem, &mut param_ptr);
     };
     launch_split(&one, kernels, desc, &config, sp, params, config.entry_point(arch), f, block, smem)
 }
@@ -855,65 +835,23 @@ struct Launch<'a> {
 }
 
 impl Launch<'_> {
-    /// cuLaunchKernel of `f` (`name`) with `args` (pointers to its parameters, in order);
-    /// `cluster_x` > 1: cuLaunchKernelEx with clusters of (cluster_x, 1, 1) CTAs.
-    #[allow(clippy::too_many_arguments)]
+    /// cuLaunchKernel of `f` (`name`) with `args` (pointers to its parameters, in order).
     fn run(
         &self,
         name: &str,
         f: CUfunction,
         grid: [u32; 3],
-        cluster_x: u32,
         block: u32,
         smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
         let [gx, gy, gz] = grid;
-        let res = if cluster_x > 1 {
-            // SAFETY: the value is a plain union of integers; clusterDim is the member the
-            // attribute's id names.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attr.value.clusterDim.x = cluster_x;
-            attr.value.clusterDim.y = 1;
-            attr.value.clusterDim.z = 1;
-            let cfg = sys::CUlaunchConfig {
-                gridDimX: gx,
-                gridDimY: gy,
-                gridDimZ: gz,
-                blockDimX: block,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: smem,
-                hStream: self.stream,
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            // SAFETY: as below; cfg and attr outlive the call.
-            unsafe { sys::cuLaunchKernelEx(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()) }
-        } else {
-            // SAFETY: f belongs to the current context's module; args points at the kernel's
-            // live parameters, in order; the driver copies them at launch.
-            unsafe {
-                sys::cuLaunchKernel(
-                    f,
-                    gx,
-                    gy,
-                    gz,
-                    block,
-                    1,
-                    1,
-                    smem,
-                    self.stream,
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
+        // SAFETY: f belongs to the current context's module; args points at the kernel's
+        // live parameters, in order; the driver copies them at launch.
+        let res = unsafe {
+            sys::cuLaunchKernel(f, gx, gy, gz, block, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
         };
-        let what = || {
-            let cluster = if cluster_x > 1 { format!(", cluster ({cluster_x}, 1, 1)") } else { String::new() };
-            format!("cuLaunchKernel({name}, grid ({gx}, {gy}, {gz}){cluster}, block ({block}, 1, 1), smem {smem})")
-        };
+        let what = || format!("cuLaunchKernel({name}, grid ({gx}, {gy}, {gz}), block ({block}, 1, 1), smem {smem})");
         if means_unusable_image(res) {
             // A driver that loads functions lazily finds the image unusable here: the device's
             // calls go to fla from now on.
@@ -977,7 +915,6 @@ fn launch_split(
             SPLIT_ENTRIES[slot],
             kernels.split[slot].0,
             shape.pass1,
-            1,
             facts::threads(&facts::SM90, 1),
             split_pass1_smem(config.k),
             &mut [&mut p1 as *mut DhuParams as *mut c_void],
@@ -990,7 +927,6 @@ fn launch_split(
             SPLIT_ENTRIES[mslot],
             kernels.split[mslot].0,
             shape.merge,
-            1,
             shape.merge_threads,
             0,
             &mut [
@@ -1002,8 +938,7 @@ fn launch_split(
                 &mut svf as *mut i32 as *mut c_void,
             ],
         )?;
-        let cx = cluster_x(Arch::Sm90, config);
-        one.run(name, f, config.grid, cx, block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
+        one.run(name, f, config.grid, block, smem, &mut [&mut p2 as *mut DhuParams as *mut c_void])
     })();
     let freed = one.free(x).and(one.free(u));
     result.and(freed)
@@ -1326,9 +1261,19 @@ mod tests {
         // K = 64 with two), else 2.
         let stages: Vec<_> = facts::SM90.iter().map(|l| (l.k, l.nwg, l.stages)).collect();
         assert_eq!(stages, [(64, 1, 2), (128, 1, 3), (64, 2, 3), (128, 2, 2)]);
-        // The forward scan's unsplit kernels: stage 4's maps unless an experiment's build.
+        // The forward scan's unsplit kernels: stage 4's maps but K = 128 with one warpgroup,
+        // whose ring of w, k, u is 4 stages deep (cuda/dhu_layout.h, fwd_ring), unless an
+        // experiment's build.
         if !crate::kernels::experiment_built("KDA_DHU_EXP_FWD_STAGES") {
-            assert_eq!(facts::SM90_FWD, facts::SM90);
+            for (fwd, bwd) in facts::SM90_FWD.iter().zip(facts::SM90.iter()) {
+                assert_eq!((fwd.k, fwd.nwg, fwd.threads), (bwd.k, bwd.nwg, bwd.threads));
+                if (fwd.k, fwd.nwg) == (128, 1) {
+                    assert_eq!(fwd.stages, 4);
+                    assert!(fwd.smem_bytes < bwd.smem_bytes, "{fwd:?}");
+                } else {
+                    assert_eq!(fwd, bwd);
+                }
+            }
         }
     }
 
