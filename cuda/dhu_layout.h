@@ -38,6 +38,12 @@ template <int NWG> constexpr int num_threads() { return NWG == 1 ? WG_THREADS + 
 
 namespace sm90_regstate {
 
+// KDA_DHU_EXP_EARLY_DV (an experiment, 0 in every release build; cuda/dhu_sm90_regstate.cuh
+// says what it does): more mbarriers per stage.
+#ifndef KDA_DHU_EXP_EARLY_DV
+#define KDA_DHU_EXP_EARLY_DV 0
+#endif
+
 using sm90::num_stages;
 using sm90::num_threads;
 using sm90::SMEM_OPTIN_MAX;
@@ -73,7 +79,10 @@ struct SmemMapOf {
   static constexpr int DECAY_OFF = DV2_OFF + NWG * VTILE;  // STAGES x K fp32: exp2(gk[e-1])
   static constexpr int GATE_OFF = DECAY_OFF + STAGES * K * 4;  // STAGES x G_LEN fp32
   static constexpr int BAR_OFF = GATE_OFF + STAGES * G_LEN * 4;
-  static constexpr int EXT_OFF = BAR_OFF + 2 * STAGES * 8;  // full[s], empty[s]
+  // full[s], empty[s]; KDA_DHU_EXP_EARLY_DV: and dv_full[s] (the stage's DV operand alone);
+  // = 2: and w_full[s], k_empty[s], w_empty[s].
+  static constexpr int BARS_PER_STAGE = KDA_DHU_EXP_EARLY_DV >= 2 ? 6 : KDA_DHU_EXP_EARLY_DV ? 3 : 2;
+  static constexpr int EXT_OFF = BAR_OFF + BARS_PER_STAGE * STAGES * 8;
   static constexpr int BYTES = EXT_OFF + SEQ_EXTENT_BYTES;
   // 1024 to align the base up where that fits, else none (the kernel then requires an
   // aligned base: K = 128 with one warpgroup).

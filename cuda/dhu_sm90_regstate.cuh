@@ -108,6 +108,19 @@
 //                           dh staged, not stored; bit 3: dh stored, not staged (sBh as it
 //                           is); bit 4: no dv2 staging and no dv2 store. What each costs on
 //                           the chain: benches/NOTES.md, "Ablations".
+//   KDA_DHU_EXP_EARLY_DV    1: each stage's DV operand (k's slot: stage 4 k, FWD w) loaded
+//                           first and behind a full barrier of its own (dv_full): a chunk's
+//                           DV and the dh / dv2 staging start once that tile has landed, the
+//                           rest of the stage (q, w, do, dv and the gates; FWD: k and u) is
+//                           waited for after the staging (with g, stage 4 still waits for it
+//                           at the end of the chunk before: its do rows are weighted there).
+//                           2: also each part of a stage handed back as soon as it is read:
+//                           k's slot after DV (k_empty), q, do, dv and the gates after the
+//                           fold (empty), w's slot after WD (w_empty), which has a full
+//                           barrier of its own too (w_full), so that the producer refills
+//                           each part a chunk ahead of where the whole stage would be.
+//                           What the chain gains where the consumers wait on the ring's
+//                           loads (benches/NOTES.md, "DV's operand first").
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
@@ -343,6 +356,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + Map::BAR_OFF);
   uint64_t* empty_bar = full_bar + STAGES;
+  // KDA_DHU_EXP_EARLY_DV: the stage's DV operand alone (full_bar then counts the rest);
+  // = 2 (EARLY_FREE): w's slot on w_full, and k's and w's slots handed back on their own
+  // (empty_bar then counts q, do, dv and the gates).
+  constexpr bool EARLY_DV = KDA_DHU_EXP_EARLY_DV != 0;
+  constexpr bool EARLY_FREE = KDA_DHU_EXP_EARLY_DV >= 2;
+  uint64_t* dv_full_bar = empty_bar + STAGES;
+  uint64_t* w_full_bar = dv_full_bar + STAGES;
+  uint64_t* k_empty_bar = w_full_bar + STAGES;
+  uint64_t* w_empty_bar = k_empty_bar + STAGES;
 
   const int tid = threadIdx.x;
   // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). Stage
@@ -397,6 +419,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       // published through another lane's arrival.
       cutlass::arch::ClusterTransactionBarrier::init(&full_bar[s], 32);
       cutlass::arch::ClusterBarrier::init(&empty_bar[s], CONSUMERS);
+      if constexpr (EARLY_DV) cutlass::arch::ClusterTransactionBarrier::init(&dv_full_bar[s], 1);
+      if constexpr (EARLY_FREE) {
+        cutlass::arch::ClusterTransactionBarrier::init(&w_full_bar[s], 1);
+        cutlass::arch::ClusterBarrier::init(&k_empty_bar[s], CONSUMERS);
+        cutlass::arch::ClusterBarrier::init(&w_empty_bar[s], CONSUMERS);
+      }
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -418,9 +446,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // An identity tile loads k and w only.
     const bool ident_p = SUMMARY && int(blockIdx.x) * NWG * BV >= p.V;
     // FWD: w and k, and u in dv's slot.
-    const uint32_t tx_bytes = ident_p ? uint32_t(2 * Map::KTILE)
-                              : FWD   ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
-                                      : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE);
+    // EARLY_DV: less the DV operand's tile, which dv_full counts; EARLY_FREE: and less w's
+    // slot, which w_full counts.
+    const uint32_t tx_bytes = (ident_p ? uint32_t(2 * Map::KTILE)
+                               : FWD   ? uint32_t(2 * Map::KTILE + NWG * Map::VTILE)
+                                       : uint32_t(3 * Map::KTILE + 2 * NWG * Map::VTILE)) -
+                              (EARLY_DV ? uint32_t(Map::KTILE) : 0u) - (EARLY_FREE ? uint32_t(Map::KTILE) : 0u);
     const float* g_row = use_g ? p.g + int64_t(b_row) * p.T * p.HV + hv : nullptr;
 
     // One chunk's gate inputs, loaded PREFETCH chunks ahead of their use. Each set of
@@ -471,32 +502,62 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         if (i >= NC) break;
         const int c = chunk_of(i, NC);
         Pre& cur = pre[u];
-        if (i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
-        if (lane == 0) {
-          // The stage's bytes are expected first, then the copies; the arrival comes after
-          // the gate vectors are written (the phase completes on both).
-          cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
+        if constexpr (EARLY_DV) {
           uint8_t* st = smem + s * Map::STAGE;
           const int t0 = bos + c * BT;
-          if constexpr (FWD) {  // w in k's slot (DV's B), k in w's (WD's B), u in dv's
-            for (int kb = 0; kb < KB; ++kb) {
-              SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
-              SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-            }
-            for (int wg = 0; wg < NWG && !ident_p; ++wg)
-              SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
-                                     (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
+          // DV's operand first (k's slot: stage 4 k, FWD w) on dv_full, then the rest of the
+          // stage on full_bar; EARLY_FREE: w's slot (stage 4 w, FWD k) on w_full after the
+          // gates, each part once its slot is handed back.
+          if (i >= STAGES) wait_bar(EARLY_FREE ? &k_empty_bar[s] : &empty_bar[s], phase ^ 1u);
+          if (lane == 0) {
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&dv_full_bar[s], uint32_t(Map::KTILE));
+            for (int kb = 0; kb < KB; ++kb)
+              SM90_TMA_LOAD_4D::copy(FWD ? &p.tma_w : &p.tma_k, &dv_full_bar[s], 0, st + Map::K_OFF + kb * BT * 128,
+                                     kb * 64, FWD ? hv : h, t0, b_row);
           }
-          for (int kb = 0; kb < KB && !FWD; ++kb) {
-            SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-            if (!ident_p)
+          if (EARLY_FREE && i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
+          if (lane == 0) {
+            cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
+            for (int kb = 0; kb < KB && !FWD && !ident_p; ++kb)
               SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-            SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
+            for (int kb = 0; kb < KB && !EARLY_FREE; ++kb)
+              SM90_TMA_LOAD_4D::copy(FWD ? &p.tma_k : &p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128,
+                                     kb * 64, FWD ? h : hv, t0, b_row);
+            for (int wg = 0; wg < NWG && !ident_p; ++wg) {
+              const int v0 = (blockIdx.x * NWG + wg) * BV;
+              if (!FWD)
+                SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+              SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+            }
           }
-          for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
-            const int v0 = (blockIdx.x * NWG + wg) * BV;
-            SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
-            SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+        } else {
+          if (i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
+          if (lane == 0) {
+            // The stage's bytes are expected first, then the copies; the arrival comes after
+            // the gate vectors are written (the phase completes on both).
+            cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
+            uint8_t* st = smem + s * Map::STAGE;
+            const int t0 = bos + c * BT;
+            if constexpr (FWD) {  // w in k's slot (DV's B), k in w's (WD's B), u in dv's
+              for (int kb = 0; kb < KB; ++kb) {
+                SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
+                SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+              }
+              for (int wg = 0; wg < NWG && !ident_p; ++wg)
+                SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE,
+                                       (blockIdx.x * NWG + wg) * BV, hv, t0, b_row);
+            }
+            for (int kb = 0; kb < KB && !FWD; ++kb) {
+              SM90_TMA_LOAD_4D::copy(&p.tma_k, &full_bar[s], 0, st + Map::K_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+              if (!ident_p)
+                SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
+              SM90_TMA_LOAD_4D::copy(&p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128, kb * 64, hv, t0, b_row);
+            }
+            for (int wg = 0; wg < NWG && !ident_p && !FWD; ++wg) {
+              const int v0 = (blockIdx.x * NWG + wg) * BV;
+              SM90_TMA_LOAD_4D::copy(&p.tma_do, &full_bar[s], 0, st + Map::DO_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+              SM90_TMA_LOAD_4D::copy(&p.tma_dv, &full_bar[s], 0, st + Map::DV_OFF + wg * Map::VTILE, v0, hv, t0, b_row);
+            }
           }
         }
         if (use_gk) {
@@ -519,6 +580,16 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           if (lane == 0) gv[G_DECAY] = fast_exp2(cur.g_last);
         }
         arrive_bar(&full_bar[s]);
+        if constexpr (EARLY_FREE) {
+          if (i >= STAGES) wait_bar(&w_empty_bar[s], phase ^ 1u);
+          if (lane == 0) {
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&w_full_bar[s], uint32_t(Map::KTILE));
+            uint8_t* st = smem + s * Map::STAGE;
+            for (int kb = 0; kb < KB; ++kb)
+              SM90_TMA_LOAD_4D::copy(FWD ? &p.tma_k : &p.tma_w, &w_full_bar[s], 0, st + Map::W_OFF + kb * BT * 128,
+                                     kb * 64, FWD ? h : hv, bos + c * BT, b_row);
+          }
+        }
         if (i + PREFETCH < NC) fetch(i + PREFETCH, cur);
         if (++s == STAGES) s = 0, phase ^= 1u;
       }
@@ -753,6 +824,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
   // Prologue: stage 0 full and, for a packed batch's short newest chunk or with g, prepared;
   // no wgmma issued.
+  if constexpr (EARLY_DV) wait_bar(&dv_full_bar[0], 0);
+  if constexpr (EARLY_FREE) wait_bar(&w_full_bar[0], 0);
   wait_bar(&full_bar[0], 0);
   if (!FWD && (partial || use_g)) {
     // Rows past the sequence's end of a packed batch's short chunk are zeroed: do's
@@ -795,6 +868,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // reach v_new's columns past the end, which are masked.
     // Two warpgroups share the tile: the first zeroes it, both wait.
     if (FWD && part) {
+      if constexpr (EARLY_DV) wait_bar(EARLY_FREE ? &w_full_bar[s] : &full_bar[s], phase);  // k landed, then zeroed
       if (NWG == 1 || wg == 0) {
         for (int j = ctid; j < KB * BT * 8; j += WG_THREADS) {
           if ((j >> 3) % BT >= rows0)
@@ -845,6 +919,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       tma_store_arrive();
     }
     if (prev_part) plain_store_dv2(c + 1, rows0);  // stage 4 only
+    // EARLY_DV: DV_i was issued on its operand alone; the rest of stage s from here.
+    if constexpr (EARLY_DV) wait_bar(&full_bar[s], phase);
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
@@ -869,6 +945,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     else
       warpgroup_wait<1>();
     fence_regs(dv);
+    if constexpr (EARLY_FREE) arrive_bar(&k_empty_bar[s]);  // DV has read k's slot
     // Stage 4: dv2 = gate . DV + dv. FWD: v_new = u + (-W) in fp32, rounded (stored), and
     // v_upd = gate . v_new, rounded (WD's A).
     {
@@ -944,6 +1021,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
     }
 
+    if constexpr (EARLY_FREE) {
+      arrive_bar(&empty_bar[s]);  // q, do, dv and the gates read (QD complete, the fold done)
+      wait_bar(&w_full_bar[s], phase);
+    }
     // b^T += -(dv2^T . w)  (FWD: b^T += v_upd^T . k)
     {
       auto tB = kt_descs(thr_wd, s, Map::W_OFF);
@@ -961,7 +1042,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // before QD_{i+1}'s reads by the fence and the barrier. (DEFER_DV2: dv2_i is staged
     // and stored while DV_{i+1} runs, or after the loop; else below.)
     if (!last) {
-      wait_bar(&full_bar[ns], nphase);
+      // EARLY_DV: DV's operand only (the rest is waited for after chunk i + 1's staging),
+      // but stage 4 with g weights the do rows here.
+      if constexpr (EARLY_DV) wait_bar(&dv_full_bar[ns], nphase);
+      if (!EARLY_DV || (!FWD && use_g)) wait_bar(&full_bar[ns], nphase);
       if (!FWD && use_g) {
         prepare_do_rows<T>(smem_u32 + ns * Map::STAGE + DO_OFF, ctid, true, gate_at(ns) + G_WEIGHT * 4, BT);
         if (DEFER_DV2) {
@@ -984,10 +1068,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       if (part) plain_store_dv2(c, rows);
     }
 
-    // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back.
+    // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back
+    // (EARLY_FREE: w's slot, the rest is back already).
     warpgroup_wait<0>();
     fence_regs(b);
-    arrive_bar(&empty_bar[s]);
+    arrive_bar(EARLY_FREE ? &w_empty_bar[s] : &empty_bar[s]);
     phase = nphase;
     s = ns;
   }
