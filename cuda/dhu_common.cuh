@@ -152,7 +152,7 @@ struct SeqExtent {
   int nc;
   bool ok;
 
-  // Through shared memory (8-byte aligned, SMEM_BYTES): a kernel whose roles split with
+  // Through shared memory (16-byte aligned: `load` reads it as two 16-byte vectors; SMEM_BYTES): a kernel whose roles split with
   // few registers on one side stores it once (one thread, before a CTA barrier) and each
   // role loads it after the split.
   static constexpr int SMEM_BYTES = SEQ_EXTENT_BYTES;  // dhu_layout.h: the host sizes shared memory with it

@@ -82,7 +82,7 @@ struct SmemMapOf {
   // full[s], empty[s]; KDA_DHU_EXP_EARLY_DV: and dv_full[s] (the stage's DV operand alone);
   // = 2: and w_full[s], k_empty[s], w_empty[s].
   static constexpr int BARS_PER_STAGE = KDA_DHU_EXP_EARLY_DV >= 2 ? 6 : KDA_DHU_EXP_EARLY_DV ? 3 : 2;
-  static constexpr int EXT_OFF = BAR_OFF + BARS_PER_STAGE * STAGES * 8;
+  static constexpr int EXT_OFF = (BAR_OFF + BARS_PER_STAGE * STAGES * 8 + 15) / 16 * 16;  // 16-byte accesses
   static constexpr int BYTES = EXT_OFF + SEQ_EXTENT_BYTES;
   // 1024 to align the base up where that fits, else none (the kernel then requires an
   // aligned base: K = 128 with one warpgroup).
@@ -95,6 +95,7 @@ struct SmemMap : SmemMapOf<K, NWG, RING> {
   using Of = SmemMapOf<K, NWG, RING>;
   static_assert(Of::STAGE % 1024 == 0 && Of::BH % 1024 == 0 && Of::VTILE % 1024 == 0,
                 "sw128 tiles need 1024-byte bases");
+  static_assert(Of::EXT_OFF % 16 == 0, "the sequence extent is read as 16-byte vectors");
   static_assert(Of::DYNAMIC_BYTES <= SMEM_OPTIN_MAX, "shared memory map exceeds 227 KB");
 };
 
