@@ -152,9 +152,9 @@ struct SeqExtent {
   int nc;
   bool ok;
 
-  // Through shared memory (16-byte aligned: `load` reads it as two 16-byte vectors; SMEM_BYTES): a kernel whose roles split with
-  // few registers on one side stores it once (one thread, before a CTA barrier) and each
-  // role loads it after the split.
+  // Through shared memory (16-byte aligned: `load` reads it as two 16-byte vectors;
+  // SMEM_BYTES): a kernel whose roles split with few registers on one side stores it once
+  // (one thread, before a CTA barrier) and each role loads it after the split.
   static constexpr int SMEM_BYTES = SEQ_EXTENT_BYTES;  // dhu_layout.h: the host sizes shared memory with it
   __device__ __forceinline__ void store(uint8_t* at) const {
     int64_t* w = reinterpret_cast<int64_t*>(at);

@@ -502,6 +502,15 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         if (i >= NC) break;
         const int c = chunk_of(i, NC);
         Pre& cur = pre[u];
+        // EARLY_DV: one of the stage's two K-wide slots onto `bar`: k's slot (DV's B: stage
+        // 4 k, FWD w) or w's slot (WD's B: stage 4 w, FWD k).
+        auto load_slot = [&](bool w_slot, uint64_t* bar) {
+          const bool k_tensor = w_slot == FWD;
+          uint8_t* at = smem + s * Map::STAGE + (w_slot ? Map::W_OFF : Map::K_OFF);
+          for (int kb = 0; kb < KB; ++kb)
+            SM90_TMA_LOAD_4D::copy(k_tensor ? &p.tma_k : &p.tma_w, bar, 0, at + kb * BT * 128, kb * 64,
+                                   k_tensor ? h : hv, bos + c * BT, b_row);
+        };
         if constexpr (EARLY_DV) {
           uint8_t* st = smem + s * Map::STAGE;
           const int t0 = bos + c * BT;
@@ -511,18 +520,14 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           if (i >= STAGES) wait_bar(EARLY_FREE ? &k_empty_bar[s] : &empty_bar[s], phase ^ 1u);
           if (lane == 0) {
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&dv_full_bar[s], uint32_t(Map::KTILE));
-            for (int kb = 0; kb < KB; ++kb)
-              SM90_TMA_LOAD_4D::copy(FWD ? &p.tma_w : &p.tma_k, &dv_full_bar[s], 0, st + Map::K_OFF + kb * BT * 128,
-                                     kb * 64, FWD ? hv : h, t0, b_row);
+            load_slot(false, &dv_full_bar[s]);
           }
           if (EARLY_FREE && i >= STAGES) wait_bar(&empty_bar[s], phase ^ 1u);
           if (lane == 0) {
             cutlass::arch::ClusterTransactionBarrier::expect_transaction(&full_bar[s], tx_bytes);
             for (int kb = 0; kb < KB && !FWD && !ident_p; ++kb)
               SM90_TMA_LOAD_4D::copy(&p.tma_q, &full_bar[s], 0, st + Map::Q_OFF + kb * BT * 128, kb * 64, h, t0, b_row);
-            for (int kb = 0; kb < KB && !EARLY_FREE; ++kb)
-              SM90_TMA_LOAD_4D::copy(FWD ? &p.tma_k : &p.tma_w, &full_bar[s], 0, st + Map::W_OFF + kb * BT * 128,
-                                     kb * 64, FWD ? h : hv, t0, b_row);
+            if constexpr (!EARLY_FREE) load_slot(true, &full_bar[s]);
             for (int wg = 0; wg < NWG && !ident_p; ++wg) {
               const int v0 = (blockIdx.x * NWG + wg) * BV;
               if (!FWD)
@@ -584,10 +589,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           if (i >= STAGES) wait_bar(&w_empty_bar[s], phase ^ 1u);
           if (lane == 0) {
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&w_full_bar[s], uint32_t(Map::KTILE));
-            uint8_t* st = smem + s * Map::STAGE;
-            for (int kb = 0; kb < KB; ++kb)
-              SM90_TMA_LOAD_4D::copy(FWD ? &p.tma_k : &p.tma_w, &w_full_bar[s], 0, st + Map::W_OFF + kb * BT * 128,
-                                     kb * 64, FWD ? h : hv, bos + c * BT, b_row);
+            load_slot(true, &w_full_bar[s]);
           }
         }
         if (i + PREFETCH < NC) fetch(i + PREFETCH, cur);
