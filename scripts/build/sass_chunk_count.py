@@ -13,6 +13,10 @@ splits the loop at its wgmma issues and waits (the chain's segments: stage 4's D
 the forward scan's WH and KV).
 
     python3 scripts/build/sass_chunk_count.py [--entries rs_k128_bf16,rs_k64_bf16,fwd_k128_bf16,...]
+        [--defines "KDA_DHU_EXP_<NAME>=<n> ..."]
+
+--defines (default: $KDA_DHU_KERNEL_DEFINES, as build.rs reads it) compiles an experiment's
+instance instead of the release one.
 
 nvcc and the CUTLASS headers as build.rs finds them ($NVCC / the nvidia-cuda-nvcc wheel,
 $CUTLASS_DIR / the nvidia-cutlass wheel); nvdisasm from $NVDISASM, else on PATH, else next to nvcc.
@@ -148,10 +152,23 @@ def segments_fwd(body):
     }
 
 
+def experiment_flags(raw):
+    """`-DNAME[=VALUE]` flags of the space-separated experiment macros, as build.rs accepts them."""
+    flags = []
+    for item in raw.split():
+        name, _, value = item.partition("=")
+        if not re.fullmatch(r"KDA_DHU_EXP_[A-Z0-9_]+", name) or (value and not re.fullmatch(r"-?[0-9]+", value)):
+            raise SystemExit(f"--defines: {item!r} is not KDA_DHU_EXP_<NAME>[=<integer>]")
+        flags.append(f"-D{item}")
+    return flags
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", default="rs_k128_bf16,rs_k64_bf16")
+    ap.add_argument("--defines", default=os.environ.get("KDA_DHU_KERNEL_DEFINES", ""))
     args = ap.parse_args(argv)
+    defines = experiment_flags(args.defines)
     nvcc, cut, nvdisasm = toolchain()
     entries = [f"kda_dhu_sm90_{e}" for e in args.entries.split(",")]
     print("| kernel | gates | instructions per chunk, warps 1-3 | warp 0 | HGMMA | chain segments |")
@@ -184,7 +201,7 @@ def main(argv=None) -> int:
                 cubin = os.path.join(tmp, "one.cubin")
                 cmd = [nvcc, "-cubin", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
                        "--expt-relaxed-constexpr", "-DNDEBUG", "-I", src, "-I", cut, "-DCNT_VARLEN=false",
-                       f"-DCNT_GK={'true' if gk else 'false'}",
+                       f"-DCNT_GK={'true' if gk else 'false'}", *defines,
                        "-o", cubin, os.path.join(src, "one.cu")]  # fmt: skip
                 subprocess.run(cmd, check=True, capture_output=True)
                 sass = subprocess.run(
