@@ -157,7 +157,9 @@ def experiment_flags(raw):
     flags = []
     for item in raw.split():
         name, _, value = item.partition("=")
-        if not re.fullmatch(r"KDA_DHU_EXP_[A-Z0-9_]+", name) or (value and not re.fullmatch(r"-?[0-9]+", value)):
+        if not re.fullmatch(r"KDA_DHU_EXP_[A-Z0-9_]+", name) or (
+            value and not re.fullmatch(r"-?[0-9]+", value)
+        ):
             raise SystemExit(f"--defines: {item!r} is not KDA_DHU_EXP_<NAME>[=<integer>]")
         flags.append(f"-D{item}")
     return flags
