@@ -9,8 +9,9 @@
 #   smoke     always, first: install .carry/*.whl into /tmp/site, import kda_dhu and fla, print
 #             kda_dhu.cuda_status(), run two kernel calls against the float64 reference
 #             (scripts/device/sanitize_driver.py's first cases). If it fails, nothing else runs.
-#   tests     the GPU tests (pytest -m gpu over TEST_PATHS, default tests), sharded round-robin over
-#             TEST_SHARDS (8) pytest processes on the one GPU; TEST_ARGS extra pytest arguments.
+#   tests     the GPU tests (pytest -m gpu over TEST_PATHS, default tests), dealt from a fixed shuffle over
+#             TEST_SHARDS (8) pytest processes on the one GPU, the ids matching TEST_HEAVY (a grep -E
+#             pattern of the slow kinds) dealt first; TEST_ARGS extra pytest arguments.
 #             They share Triton's compiled kernels with the later stages but store no autotuning
 #             result (FLA_CACHE_RESULTS=0: tuned beside other shards, fla's choices could be off)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck (scripts/device/sanitize.sh); beside the
@@ -71,7 +72,7 @@ asked=()
 for a in "$@"; do
   case "$a" in
     --plan) plan=1;;
-    -h|--help) sed -n '2,54p' "$0"; exit 0;;
+    -h|--help) sed -n '2,56p' "$0"; exit 0;;
     smoke|main|tests|sanitize|image12|host|e2e|bench|ab) asked+=("$a");;
     *) echo "gpu_session: unknown stage '$a' (stages: ${ALL_STAGES[*]:1})" >&2; exit 2;;
   esac
@@ -158,7 +159,7 @@ EOF
 }
 
 # ---------------------------------------------------------------------------- the GPU suite
-# run_suite STAGE LIMIT [VAR=VALUE...]: the GPU tests sharded round-robin over TEST_SHARDS pytest
+# run_suite STAGE LIMIT [VAR=VALUE...]: the GPU tests dealt (shuffled, round-robin) over TEST_SHARDS pytest
 # processes under LIMIT seconds, in this environment plus VAR=VALUE; logs in $RES/STAGE, the
 # counts in $RES/STAGE/counts.json (gpu-suite-latest.json gathers them)
 run_suite() {
@@ -181,15 +182,22 @@ run_suite() {
     STATUS[$stage]="skipped"; SECS[$stage]=$(( $(date +%s) - s )); DETAIL[$stage]="collection left ${left} s"
     return
   fi
+  # Dealt round-robin from a fixed shuffle of the ids (shuf, seeded by a constant stream), the
+  # slow kinds first (HEAVY: the cases that compile and tune fla's kernels or torch.compile), so
+  # that they spread evenly: dealt in collection order, a parametrized test whose period divides
+  # the shard count put all its FORCE=fla cases in one shard, which then ran past the limit.
+  local heavy=${TEST_HEAVY:-FORCE=fla|kernel_unavailable|selfcheck|compile}
+  shuf --random-source=<(yes kda-dhu) "$dir/ids.txt" > "$dir/ids_shuffled.txt"
+  { grep -E -- "$heavy" "$dir/ids_shuffled.txt"; grep -v -E -- "$heavy" "$dir/ids_shuffled.txt"; } > "$dir/ids_dealt.txt"
   for i in $(seq 0 $((shards - 1))); do
-    awk -v s="$i" -v n="$shards" 'NR % n == s' "$dir/ids.txt" > "$dir/shard_$i.txt"
+    awk -v s="$i" -v n="$shards" 'NR % n == s' "$dir/ids_dealt.txt" > "$dir/shard_$i.txt"
     [ -s "$dir/shard_$i.txt" ] || continue
     (
       mapfile -t ids < "$dir/shard_$i.txt"
       # shellcheck disable=SC2086
       # FLA_CACHE_RESULTS=0: Triton's compiled kernels are shared through the cache, but fla's
       # autotuning, timed here beside seven other shards, is not stored for the timed stages.
-      env "$@" FLA_CACHE_RESULTS=0 timeout --kill-after=10 "$left" python3 -m pytest -q -p no:cacheprovider --timeout=200 -rfE \
+      env "$@" FLA_CACHE_RESULTS=0 timeout --kill-after=10 "$left" python3 -m pytest -q -p no:cacheprovider --timeout=200 -rfE --durations=15 \
         ${TEST_ARGS:-} "${ids[@]}" > "$dir/pytest_$i.log" 2>&1
     ) &
     pids+=($!)
