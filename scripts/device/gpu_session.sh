@@ -185,7 +185,7 @@ run_suite() {
   # Dealt round-robin from a fixed shuffle of the ids (shuf, seeded by a constant stream), the
   # slow kinds first (HEAVY: the cases that compile and tune fla's kernels or torch.compile), so
   # that they spread evenly: dealt in collection order, a parametrized test whose period divides
-  # the shard count put all its FORCE=fla cases in one shard, which then ran past the limit.
+  # the shard count put its 18 FORCE=fla cases in two of eight shards, one of which ran past the limit.
   local heavy=${TEST_HEAVY:-FORCE=fla|kernel_unavailable|selfcheck|compile}
   shuf --random-source=<(yes kda-dhu) "$dir/ids.txt" > "$dir/ids_shuffled.txt"
   { grep -E -- "$heavy" "$dir/ids_shuffled.txt"; grep -v -E -- "$heavy" "$dir/ids_shuffled.txt"; } > "$dir/ids_dealt.txt"
