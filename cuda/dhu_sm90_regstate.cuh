@@ -121,8 +121,18 @@
 //                           each part a chunk ahead of where the whole stage would be.
 //                           What the chain gains where the consumers wait on the ring's
 //                           loads (benches/NOTES.md, "DV's operand first").
+//   KDA_DHU_EXP_WD_Z        stage 4's unsplit one-warpgroup instances: WD into a fresh
+//                           accumulator z from zero, issued right after the epilogue; the
+//                           fold (b = decay . b + scale . QD, with gk its decay row's shared
+//                           loads) run while WD runs, b no wgmma's register then; b += z
+//                           after WD. The fold leaves the chain, 64 FADDs join it
+//                           (benches/NOTES.md, "The fold in WD's shadow"). The release
+//                           build's text is unchanged (#if), so its SASS is.
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
+#endif
+#ifndef KDA_DHU_EXP_WD_Z
+#define KDA_DHU_EXP_WD_Z 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -341,6 +351,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr bool ABL_NO_DH_STORE = (KDA_DHU_EXP_ABLATE & 4) && !FWD && !SUMMARY;
   constexpr bool ABL_NO_DH_STAGE = (KDA_DHU_EXP_ABLATE & 8) && !FWD && !SUMMARY;
   constexpr bool ABL_NO_DV2 = (KDA_DHU_EXP_ABLATE & 16) && !FWD && !SUMMARY;
+#if KDA_DHU_EXP_WD_Z
+  constexpr bool WD_Z = !FWD && !SUMMARY && NWG == 1 && !KDA_DHU_EXP_EARLY_DV && !ABL_QD;
+#endif
   static_assert(!ABL_QD || NS * 4 * WG_THREADS <= 2 * Map::KTILE, "QD's probe reads the q and w slots");
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
@@ -982,7 +995,26 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
 
     // QD_i complete: b = decay . b + scale . QD_i (FWD: decay . b).
+#if KDA_DHU_EXP_WD_Z
+    // WD_Z: WD_i first, into a fresh accumulator z (QD_i may still run), then the fold
+    // while WD_i runs (b is then no wgmma's register); b += z after WD_i.
+    float z[WD_Z ? NS : 1];
+    if constexpr (WD_Z) {
+      auto tB = kt_descs(thr_wd, s, Map::W_OFF);
+      fence_regs(adv2);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kt = 0; kt < BT / 16; ++kt)
+        rs_mma<OpWD>(&adv2[4 * kt], uint64_t(tB(0, 0, kt)), z, kt == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
+      warpgroup_commit_batch();
+      fence_regs(z);
+      warpgroup_wait<1>();  // QD_i complete; WD_i runs on
+      fence_regs(qd);
+    }
+    if constexpr (!FWD && !ABL_QD && !WD_Z) {
+#else
     if constexpr (!FWD && !ABL_QD) {
+#endif
       warpgroup_wait<0>();
       fence_regs(qd);
     }
@@ -1028,6 +1060,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       wait_bar(&w_full_bar[s], phase);
     }
     // b^T += -(dv2^T . w)  (FWD: b^T += v_upd^T . k)
+#if KDA_DHU_EXP_WD_Z
+    if constexpr (!WD_Z)
+#endif
     {
       auto tB = kt_descs(thr_wd, s, Map::W_OFF);
       fence_regs(adv2);
@@ -1073,6 +1108,13 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back
     // (EARLY_FREE: w's slot, the rest is back already).
     warpgroup_wait<0>();
+#if KDA_DHU_EXP_WD_Z
+    if constexpr (WD_Z) {
+      fence_regs(z);
+      CUTE_UNROLL
+      for (int e = 0; e < NS; ++e) b[e] += z[e];
+    }
+#endif
     fence_regs(b);
     arrive_bar(EARLY_FREE ? &w_empty_bar[s] : &empty_bar[s]);
     phase = nphase;

@@ -169,7 +169,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", default="rs_k128_bf16,rs_k64_bf16")
     ap.add_argument("--defines", default=os.environ.get("KDA_DHU_KERNEL_DEFINES", ""))
+    ap.add_argument(
+        "--dump", default=None, help="a folder for each chunk loop's SASS (<kernel>_<gates>.sass)"
+    )
     args = ap.parse_args(argv)
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
+    regs = []
     defines = experiment_flags(args.defines)
     nvcc, cut, nvdisasm = toolchain()
     entries = [f"kda_dhu_sm90_{e}" for e in args.entries.split(",")]
@@ -204,8 +210,11 @@ def main(argv=None) -> int:
                 cmd = [nvcc, "-cubin", "-gencode", "arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
                        "--expt-relaxed-constexpr", "-DNDEBUG", "-I", src, "-I", cut, "-DCNT_VARLEN=false",
                        f"-DCNT_GK={'true' if gk else 'false'}", *defines,
-                       "-o", cubin, os.path.join(src, "one.cu")]  # fmt: skip
-                subprocess.run(cmd, check=True, capture_output=True)
+                       "-Xptxas", "-v", "-o", cubin, os.path.join(src, "one.cu")]  # fmt: skip
+                built = subprocess.run(cmd, check=True, capture_output=True, text=True)
+                used = re.search(r"Used (\d+) registers", built.stderr)
+                spills = re.findall(r"(\d+) bytes spill (stores|loads)", built.stderr)
+                regs.append((name, cfg, used.group(1) if used else "?", sum(int(n) for n, _ in spills)))
                 sass = subprocess.run(
                     [nvdisasm, "-c", cubin], check=True, capture_output=True, text=True
                 ).stdout
@@ -215,9 +224,14 @@ def main(argv=None) -> int:
                 h = sum("HGMMA" in t for _, t in body)
                 seg = segments(body)
                 seg_s = ", ".join(f"{k} {v}" for k, v in seg.items()) if seg else ""
+                if args.dump:
+                    with open(os.path.join(args.dump, f"{name}_{cfg}.sass"), "w") as f:
+                        f.write("\n".join(f"{a:#06x}  {t}" for a, t in body) + "\n")
                 print(
                     f"| {name} | {cfg} | {len(body) - len(lead)} | {len(body)} | {h} | {seg_s} |", flush=True
                 )
+    print()
+    print("ptxas: " + "; ".join(f"{n} ({c}) {r} registers, {sp} bytes spilled" for n, c, r, sp in regs))
     return 0
 
 
