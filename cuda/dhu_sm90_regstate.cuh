@@ -121,22 +121,8 @@
 //                           each part a chunk ahead of where the whole stage would be.
 //                           What the chain gains where the consumers wait on the ring's
 //                           loads (benches/NOTES.md, "DV's operand first").
-//   KDA_DHU_EXP_WD_Z        stage 4's unsplit one-warpgroup instances: WD into a fresh
-//                           accumulator z from zero, issued right after the epilogue; the
-//                           fold (b = decay . b + scale . QD, with gk its decay row's shared
-//                           loads) run while WD runs, b no wgmma's register then; b += z
-//                           after WD. The fold leaves the chain, 64 FADDs join it
-//                           (benches/NOTES.md, "The fold in WD's shadow"). 2: also QD_{i+1}
-//                           issued after the fold (in WD_i's shadow) instead of behind
-//                           DV_{i+1}, so that it runs while b += z and the pack wait for
-//                           WD_i. Not the g instances (their do rows are weighted in WD's
-//                           shadow already). The release build's text is unchanged (#if),
-//                           so its SASS is.
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
-#endif
-#ifndef KDA_DHU_EXP_WD_Z
-#define KDA_DHU_EXP_WD_Z 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -355,10 +341,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr bool ABL_NO_DH_STORE = (KDA_DHU_EXP_ABLATE & 4) && !FWD && !SUMMARY;
   constexpr bool ABL_NO_DH_STAGE = (KDA_DHU_EXP_ABLATE & 8) && !FWD && !SUMMARY;
   constexpr bool ABL_NO_DV2 = (KDA_DHU_EXP_ABLATE & 16) && !FWD && !SUMMARY;
-#if KDA_DHU_EXP_WD_Z
-  constexpr bool WD_Z = !FWD && !SUMMARY && NWG == 1 && !G && !KDA_DHU_EXP_EARLY_DV && !ABL_QD;
-  constexpr bool QD_AHEAD = WD_Z && KDA_DHU_EXP_WD_Z >= 2;
-#endif
   static_assert(!ABL_QD || NS * 4 * WG_THREADS <= 2 * Map::KTILE, "QD's probe reads the q and w slots");
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
@@ -827,13 +809,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // where the warps wait for DV anyway, so that the section after WD's issue holds only the
   // next stage's wait; not with two warpgroups at K = 128, whose 240 registers do not hold
   // adv2 across the loop's back edge without spills (NVRTC 12.9).
-#if KDA_DHU_EXP_WD_Z
-  // (QD_AHEAD: QD_{i+1}'s accumulator is live across the back edge instead: dv2_i is staged
-  // while WD_i runs.)
-  constexpr bool DEFER_DV2 = (NWG == 1 || K == 64) && !QD_AHEAD;
-#else
   constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
-#endif
   // An identity tile's q, do and dv read as zeros (the producer loads none of them), so
   // QD = 0 and dv2 = gate . DV: the ring's slots zeroed once.
   if (SUMMARY && ident) {
@@ -876,9 +852,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     else
       wg_sync();
   }
-#if KDA_DHU_EXP_WD_Z
-  if constexpr (QD_AHEAD) issue_qd(0);  // QD_0 ahead of DV_0 (QD_{i+1} is issued in chunk i)
-#endif
   int s = 0;
   uint32_t phase = 0;  // full[s]'s phase for chunk i
   for (int i = 0; i < NC; ++i) {
@@ -953,11 +926,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
-#if KDA_DHU_EXP_WD_Z
-    if constexpr (!FWD && !ABL_QD && !QD_AHEAD) issue_qd(s);
-#else
     if constexpr (!FWD && !ABL_QD) issue_qd(s);
-#endif
     if constexpr (!FWD && ABL_QD) {
       CUTE_UNROLL
       for (int j = 0; j < NS / 4; ++j) {
@@ -973,11 +942,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
-#if KDA_DHU_EXP_WD_Z
-    if constexpr (FWD || ABL_QD || QD_AHEAD)
-#else
     if constexpr (FWD || ABL_QD)
-#endif
       warpgroup_wait<0>();  // DV is the only wgmma in flight
     else
       warpgroup_wait<1>();
@@ -1017,26 +982,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
 
     // QD_i complete: b = decay . b + scale . QD_i (FWD: decay . b).
-#if KDA_DHU_EXP_WD_Z
-    // WD_Z: WD_i first, into a fresh accumulator z (QD_i may still run), then the fold
-    // while WD_i runs (b is then no wgmma's register); b += z after WD_i.
-    float z[WD_Z ? NS : 1];
-    if constexpr (WD_Z) {
-      auto tB = kt_descs(thr_wd, s, Map::W_OFF);
-      fence_regs(adv2);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kt = 0; kt < BT / 16; ++kt)
-        rs_mma<OpWD>(&adv2[4 * kt], uint64_t(tB(0, 0, kt)), z, kt == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
-      warpgroup_commit_batch();
-      fence_regs(z);
-      warpgroup_wait<1>();  // QD_i complete (QD_AHEAD: already); WD_i runs on
-      fence_regs(qd);
-    }
-    if constexpr (!FWD && !ABL_QD && !WD_Z) {
-#else
     if constexpr (!FWD && !ABL_QD) {
-#endif
       warpgroup_wait<0>();
       fence_regs(qd);
     }
@@ -1082,9 +1028,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       wait_bar(&w_full_bar[s], phase);
     }
     // b^T += -(dv2^T . w)  (FWD: b^T += v_upd^T . k)
-#if KDA_DHU_EXP_WD_Z
-    if constexpr (!WD_Z)
-#endif
     {
       auto tB = kt_descs(thr_wd, s, Map::W_OFF);
       fence_regs(adv2);
@@ -1113,13 +1056,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         }
       }
     }
-#if KDA_DHU_EXP_WD_Z
-    // QD_AHEAD: QD_{i+1} (stage ns full; qd read by the fold) runs after WD_i, while b += z
-    // and the pack of chunk i + 1 wait for WD_i.
-    if constexpr (QD_AHEAD) {
-      if (!last) issue_qd(ns);
-    }
-#endif
     if constexpr (!DEFER_DV2 && !ABL_NO_DV2) {
       // dv2_i staged and stored here (sDv2 free: the leader's wait before this chunk's
       // first barrier covered chunk i - 1's stores); the fence and barrier also order the
@@ -1136,19 +1072,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back
     // (EARLY_FREE: w's slot, the rest is back already).
-#if KDA_DHU_EXP_WD_Z
-    if (QD_AHEAD && !last)
-      warpgroup_wait<1>();  // WD_i complete, QD_{i + 1} runs on
-    else
-      warpgroup_wait<0>();
-    if constexpr (WD_Z) {
-      fence_regs(z);
-      CUTE_UNROLL
-      for (int e = 0; e < NS; ++e) b[e] += z[e];
-    }
-#else
     warpgroup_wait<0>();
-#endif
     fence_regs(b);
     arrive_bar(EARLY_FREE ? &w_empty_bar[s] : &empty_bar[s]);
     phase = nphase;
