@@ -49,6 +49,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-states", action="store_true")
     ap.add_argument("--out", default=None, help="a JSON file for the table")
     args = ap.parse_args(argv)
+    try:
+        lens = [float(c) for c in args.chunks.split(",")]
+    except ValueError:
+        ap.error(f"--chunks: {args.chunks!r} is not a comma-separated list of numbers")
+    if any(c <= 0 for c in lens) or len({int(round(c * 64)) for c in lens}) < 2:
+        ap.error("--chunks: at least two different positive lengths are needed for a line")
+    if args.reps < 1:
+        ap.error("--reps must be >= 1")
 
     import torch
 
@@ -62,7 +70,6 @@ def main(argv=None) -> int:
 
     HV = args.HV or args.H
     gate = None if args.gate == "none" else args.gate
-    lens = [float(c) for c in args.chunks.split(",")]
     x = torch.zeros(1, device="cuda")
     base_ms = m.time_ms(lambda: x.fill_(1.0), reps=args.reps)
     rows = []

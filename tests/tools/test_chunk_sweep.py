@@ -1,0 +1,59 @@
+"""benches/chunk_sweep.py on the CPU: its least-squares line, bad arguments refused by name,
+and without a GPU it says so with exit status 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import REPO_ROOT
+
+SCRIPT = os.path.join(REPO_ROOT, "benches", "chunk_sweep.py")
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("chunk_sweep", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_fit_recovers_a_line():
+    fit = _module().fit
+    xs = [1, 2, 4, 18, 64]
+    a, b = fit(xs, [6.5 + 1.25 * x for x in xs])
+    assert a == pytest.approx(6.5) and b == pytest.approx(1.25)
+    a, b = fit([3, 3], [2.0, 4.0])  # one abscissa: the mean, no slope
+    assert (a, b) == (3.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (("--chunks", "1,x"), "is not a comma-separated list of numbers"),
+        (("--chunks", "4"), "at least two different positive lengths"),
+        (("--chunks", "0,4"), "at least two different positive lengths"),
+        (("--reps", "0"), "--reps must be >= 1"),
+        (("--op", "fwd"), "invalid choice"),
+        (("--gate", "gv"), "invalid choice"),
+    ],
+)
+def test_bad_arguments(args, msg):
+    proc = _run(*args)
+    assert proc.returncode == 2
+    assert msg in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+def test_without_a_gpu_it_says_so():
+    proc = _run("--chunks", "1,2")
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr
