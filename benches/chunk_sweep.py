@@ -7,7 +7,8 @@ intercept and slope of a least-squares line.
     python3 benches/chunk_sweep.py --no-states --out results/sweep.json
 
 ``--chunks`` lists sequence lengths in chunks of 64 tokens (a fraction makes the newest chunk
-short: 17.125 = 1096 tokens, the tail row). Each length is timed as ``bench.py`` times a row
+short: 17.125 = 1096 tokens, the tail row); one length times it without a line (for a
+profiler's run). Each length is timed as ``bench.py`` times a row
 (``_measure.time_ms``: each call queued behind a short sleep kernel, so the events time the
 GPU's work, not the host's), kernel route only (fla is not called). A one-element fill is
 timed the same way as the events' own floor. ``--no-states``: stage 4 without h0 / dht
@@ -53,8 +54,8 @@ def main(argv=None) -> int:
         lens = [float(c) for c in args.chunks.split(",")]
     except ValueError:
         ap.error(f"--chunks: {args.chunks!r} is not a comma-separated list of numbers")
-    if any(c <= 0 for c in lens) or len({int(round(c * 64)) for c in lens}) < 2:
-        ap.error("--chunks: at least two different positive lengths are needed for a line")
+    if not lens or any(c <= 0 for c in lens):
+        ap.error("--chunks: the lengths must be positive")
     if args.reps < 1:
         ap.error("--reps must be >= 1")
 
@@ -98,8 +99,11 @@ def main(argv=None) -> int:
         del a
     xs = [r["chunks"] for r in rows]
     ys = [r["ms"] * 1e3 for r in rows]
-    a0, b0 = fit(xs, ys)
     gpu = torch.cuda.get_device_name()
+    if len(set(xs)) < 2:  # one length (a profiler's run): no line
+        print(f"{gpu}: one length, no line")
+        return 0
+    a0, b0 = fit(xs, ys)
     print(
         f"{gpu}: {args.op} B{args.B} H{args.H} HV{HV} K{args.K} V{args.V} {args.gate}"
         f"{' no states' if args.no_states else ''}: {a0:.2f} us + {b0:.3f} us per chunk"

@@ -39,8 +39,8 @@ def test_fit_recovers_a_line():
     "args,msg",
     [
         (("--chunks", "1,x"), "is not a comma-separated list of numbers"),
-        (("--chunks", "4"), "at least two different positive lengths"),
-        (("--chunks", "0,4"), "at least two different positive lengths"),
+        (("--chunks", "0,4"), "the lengths must be positive"),
+        (("--chunks", "-1"), "the lengths must be positive"),
         (("--reps", "0"), "--reps must be >= 1"),
         (("--op", "fwd"), "invalid choice"),
         (("--gate", "gv"), "invalid choice"),
