@@ -121,20 +121,8 @@
 //                           each part a chunk ahead of where the whole stage would be.
 //                           What the chain gains where the consumers wait on the ring's
 //                           loads (benches/NOTES.md, "DV's operand first").
-//   KDA_DHU_EXP_DV_SPLIT    the unsplit one-warpgroup instances (stage 4 and the forward
-//                           scan): DV's K / 16 k-blocks as two independent accumulations,
-//                           issued interleaved (k-blocks [0, K/32) into dv, [K/32, K/16)
-//                           into dvb), summed after DV's wait (32 FADDs; stage 4 then issues
-//                           QD, not before: the registers): whether the tensor
-//                           pipe overlaps two accumulation chains where one chain of eight
-//                           dependent m64n64k16 steps takes ~700 cycles (benches/NOTES.md,
-//                           "The chain per chunk, measured alone"). The release build's text
-//                           is unchanged (#if).
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
-#endif
-#ifndef KDA_DHU_EXP_DV_SPLIT
-#define KDA_DHU_EXP_DV_SPLIT 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -353,9 +341,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   constexpr bool ABL_NO_DH_STORE = (KDA_DHU_EXP_ABLATE & 4) && !FWD && !SUMMARY;
   constexpr bool ABL_NO_DH_STAGE = (KDA_DHU_EXP_ABLATE & 8) && !FWD && !SUMMARY;
   constexpr bool ABL_NO_DV2 = (KDA_DHU_EXP_ABLATE & 16) && !FWD && !SUMMARY;
-#if KDA_DHU_EXP_DV_SPLIT
-  constexpr bool DV_SPLIT = NWG == 1 && !SUMMARY && !KDA_DHU_EXP_EARLY_DV;
-#endif
   static_assert(!ABL_QD || NS * 4 * WG_THREADS <= 2 * Map::KTILE, "QD's probe reads the q and w slots");
   using OpDV = typename RsAtom<T, BT, GMMA::Major::K, FWD ? GMMA::ScaleIn::Neg : GMMA::ScaleIn::One>::type;
   using OpQD = typename SsAtom<T, K>::type;
@@ -904,25 +889,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
 
     // DV^T = bf16(b^T) . k^T, from zero.
-#if KDA_DHU_EXP_DV_SPLIT
-    float dvb[DV_SPLIT ? ND : 1];  // DV_SPLIT: the second half of K's sum
-    if constexpr (DV_SPLIT) {
-      auto tB = k_descs(s);
-      fence_regs(ab);
-      fence_regs(dv);
-      fence_regs(dvb);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int j = 0; j < K / 32; ++j) {
-        const auto first = j == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-        rs_mma<OpDV>(&ab[4 * j], uint64_t(tB(0, 0, j)), dv, first);
-        rs_mma<OpDV>(&ab[4 * (j + K / 32)], uint64_t(tB(0, 0, j + K / 32)), dvb, first);
-      }
-      warpgroup_commit_batch();
-      fence_regs(dv);
-      fence_regs(dvb);
-    } else
-#endif
     {
       auto tB = k_descs(s);
       fence_regs(ab);
@@ -960,11 +926,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
-#if KDA_DHU_EXP_DV_SPLIT
-    if constexpr (!FWD && !ABL_QD && !DV_SPLIT) issue_qd(s);  // DV_SPLIT: after DV's sum
-#else
     if constexpr (!FWD && !ABL_QD) issue_qd(s);
-#endif
     if constexpr (!FWD && ABL_QD) {
       CUTE_UNROLL
       for (int j = 0; j < NS / 4; ++j) {
@@ -980,25 +942,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
-#if KDA_DHU_EXP_DV_SPLIT
-    if constexpr (FWD || ABL_QD || DV_SPLIT)
-#else
     if constexpr (FWD || ABL_QD)
-#endif
       warpgroup_wait<0>();  // DV is the only wgmma in flight
     else
       warpgroup_wait<1>();
     fence_regs(dv);
-#if KDA_DHU_EXP_DV_SPLIT
-    if constexpr (DV_SPLIT) {
-      fence_regs(dvb);
-      CUTE_UNROLL
-      for (int e = 0; e < ND; ++e) dv[e] += dvb[e];
-      // Stage 4: QD_i issued here, behind DV_i's sum (its accumulator and dvb would not both
-      // fit in DV's flight at K = 128).
-      if constexpr (!FWD && !ABL_QD) issue_qd(s);
-    }
-#endif
     if constexpr (EARLY_FREE) arrive_bar(&k_empty_bar[s]);  // DV has read k's slot
     // Stage 4: dv2 = gate . DV + dv. FWD: v_new = u + (-W) in fp32, rounded (stored), and
     // v_upd = gate . v_new, rounded (WD's A).
