@@ -121,8 +121,17 @@
 //                           each part a chunk ahead of where the whole stage would be.
 //                           What the chain gains where the consumers wait on the ring's
 //                           loads (benches/NOTES.md, "DV's operand first").
+//   KDA_DHU_EXP_STAMPS      a timing probe (results right, never a release build): the first
+//                           consumer thread of CTA (0, 0, 0) of the usual instances reads the
+//                           SM clock at ten points of each chunk and adds each section's
+//                           cycles to a global array; at the end it prints (device printf)
+//                           each section's mean cycles per chunk (benches/NOTES.md, "Where a
+//                           chunk's cycles go").
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
+#endif
+#ifndef KDA_DHU_EXP_STAMPS
+#define KDA_DHU_EXP_STAMPS 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -142,6 +151,43 @@ using namespace cute;
 // BT, BV, WG_THREADS, num_stages, num_threads, the gate vectors' offsets (G_GATE,
 // G_WEIGHT, G_DECAY, G_LEN) and SmemMap (the shared memory map, in bytes from a
 // 1024-aligned base; the host asks for SmemMap::DYNAMIC_BYTES): dhu_layout.h, their one owner.
+
+#if KDA_DHU_EXP_STAMPS
+// KDA_DHU_EXP_STAMPS: the sections of a chunk, in order, each ending at the named point.
+constexpr int N_STAMPS = 10;
+__device__ unsigned long long g_stamps[N_STAMPS];
+struct Stamps {
+  bool on;
+  uint32_t prev;
+  __device__ __forceinline__ void start(bool enable) {
+    on = enable;
+    if (on) {
+      for (int k = 0; k < N_STAMPS; ++k) g_stamps[k] = 0;
+      prev = uint32_t(clock());
+    }
+  }
+  __device__ __forceinline__ void at(int k) {
+    if (on) {
+      const uint32_t t = uint32_t(clock());
+      atomicAdd(&g_stamps[k], (unsigned long long)(t - prev));
+      prev = t;
+    }
+  }
+  __device__ __forceinline__ void print(int fwd, int k_dim, int nwg, int nc) const {
+    if (!on || nc == 0) return;
+    unsigned long long tot = 0;
+    for (int k = 0; k < N_STAMPS; ++k) tot += g_stamps[k];
+    printf("stamps fwd=%d K=%d nwg=%d NC=%d cycles/chunk: dv_issue %llu staging %llu qd_issue %llu dv_wait %llu "
+           "epilogue %llu qd_wait %llu fold %llu wd_issue %llu next_stage %llu wd_wait %llu total %llu\n",
+           fwd, k_dim, nwg, nc, g_stamps[0] / nc, g_stamps[1] / nc, g_stamps[2] / nc, g_stamps[3] / nc,
+           g_stamps[4] / nc, g_stamps[5] / nc, g_stamps[6] / nc, g_stamps[7] / nc, g_stamps[8] / nc,
+           g_stamps[9] / nc, tot / nc);
+  }
+};
+#define KDA_DHU_STAMP(k) stamps.at(k)
+#else
+#define KDA_DHU_STAMP(k) ((void)0)
+#endif
 
 // NWG = 2: setmaxnreg moves the producer warpgroup's registers to the consumers:
 // 2 x 128 x 240 + 128 x 24 = 64512 <= 65536.
@@ -854,6 +900,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
   int s = 0;
   uint32_t phase = 0;  // full[s]'s phase for chunk i
+#if KDA_DHU_EXP_STAMPS
+  Stamps stamps;
+  stamps.start(!SUMMARY && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0);
+#endif
   for (int i = 0; i < NC; ++i) {
     const int c = chunk_of(i, NC);
     const int64_t chunk = boh + c;
@@ -900,6 +950,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       warpgroup_commit_batch();
       fence_regs(dv);
     }
+    KDA_DHU_STAMP(0);
 
     // While DV_i runs (the warps would wait for it here): once the stores committed in
     // chunk i - 1 have read sBh and sDv2 (the leader waits, then the barrier), bf16(b) ->
@@ -921,6 +972,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       tma_store_arrive();
     }
     if (prev_part) plain_store_dv2(c + 1, rows0);  // stage 4 only
+    KDA_DHU_STAMP(1);
     // EARLY_DV: DV_i was issued on its operand alone; the rest of stage s from here.
     if constexpr (EARLY_DV) wait_bar(&full_bar[s], phase);
 
@@ -939,6 +991,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     uint32_t dvr[ND / 2];
     CUTE_UNROLL
     for (int kt = 0; kt < BT / 16; ++kt) ldsm_x4_trans(st_u32 + DV_OFF + kt * 2048 + lane_tr, &dvr[4 * kt]);
+    KDA_DHU_STAMP(2);
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
@@ -947,6 +1000,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     else
       warpgroup_wait<1>();
     fence_regs(dv);
+    KDA_DHU_STAMP(3);
     if constexpr (EARLY_FREE) arrive_bar(&k_empty_bar[s]);  // DV has read k's slot
     // Stage 4: dv2 = gate . DV + dv. FWD: v_new = u + (-W) in fp32, rounded (stored), and
     // v_upd = gate . v_new, rounded (WD's A).
@@ -980,12 +1034,14 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       CUTE_UNROLL
       for (int j = 0; j < ND / 2; ++j) adv2[j] = mask_pair(adv2[j], fg.col(2 * j), rows);
     }
+    KDA_DHU_STAMP(4);
 
     // QD_i complete: b = decay . b + scale . QD_i (FWD: decay . b).
     if constexpr (!FWD && !ABL_QD) {
       warpgroup_wait<0>();
       fence_regs(qd);
     }
+    KDA_DHU_STAMP(5);
     fence_regs(b);
     // (The decay row is read here, each pair used as it lands: read while QD_i runs, its
     // 32 registers live across the epilogue would spill at K = 128. b itself is not
@@ -1023,6 +1079,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       for (int e = 0; e < NS; ++e) b[e] = fmaf(scale, qd[e], b[e]);
     }
 
+    KDA_DHU_STAMP(6);
     if constexpr (EARLY_FREE) {
       arrive_bar(&empty_bar[s]);  // q, do, dv and the gates read (QD complete, the fold done)
       wait_bar(&w_full_bar[s], phase);
@@ -1039,6 +1096,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       warpgroup_commit_batch();
       fence_regs(b);
     }
+    KDA_DHU_STAMP(7);
 
     // While WD_i runs: the next stage full and, with g, its do rows weighted, ordered
     // before QD_{i+1}'s reads by the fence and the barrier. (DEFER_DV2: dv2_i is staged
@@ -1070,10 +1128,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       if (part) plain_store_dv2(c, rows);
     }
 
+    KDA_DHU_STAMP(8);
     // WD_i complete: b = b_{i+1}. Every read of stage s is complete: hand it back
     // (EARLY_FREE: w's slot, the rest is back already).
     warpgroup_wait<0>();
     fence_regs(b);
+    KDA_DHU_STAMP(9);
     arrive_bar(EARLY_FREE ? &w_empty_bar[s] : &empty_bar[s]);
     phase = nphase;
     s = ns;
@@ -1093,6 +1153,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
     if (last_part) plain_store_dv2(c_last, rows0);
   }
+#if KDA_DHU_EXP_STAMPS
+  stamps.print(FWD, K, NWG, NC);
+#endif
   store_dh0();
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
 }
