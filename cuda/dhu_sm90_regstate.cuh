@@ -121,12 +121,15 @@
 //                           each part a chunk ahead of where the whole stage would be.
 //                           What the chain gains where the consumers wait on the ring's
 //                           loads (benches/NOTES.md, "DV's operand first").
-//   KDA_DHU_EXP_STAMPS      a timing probe (results right, never a release build): the first
-//                           consumer thread of CTA (0, 0, 0) of the usual instances reads the
-//                           SM clock at ten points of each chunk and adds each section's
-//                           cycles to a global array; at the end it prints (device printf)
-//                           each section's mean cycles per chunk (benches/NOTES.md, "Where a
-//                           chunk's cycles go").
+//   KDA_DHU_EXP_STAMPS      a timing probe whose dh (FWD: h) is WRONG in its first 22
+//                           elements (never a release build): the first consumer thread of
+//                           CTA (0, 0, 0) of the usual instances reads the SM clock at ten
+//                           points of each chunk and adds each section's cycles to a global
+//                           array; at the end, once its bulk stores are complete, it writes
+//                           the ten sums and NC as uint32 over dh's first 22 bf16 elements
+//                           (benches/chain_stamps.py reads them; benches/NOTES.md, "Where a
+//                           chunk's cycles go"). No device printf: an extern call in the
+//                           kernel makes ptxas serialize every wgmma.
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
@@ -173,15 +176,14 @@ struct Stamps {
       prev = t;
     }
   }
-  __device__ __forceinline__ void print(int fwd, int k_dim, int nwg, int nc) const {
-    if (!on || nc == 0) return;
-    unsigned long long tot = 0;
-    for (int k = 0; k < N_STAMPS; ++k) tot += g_stamps[k];
-    printf("stamps fwd=%d K=%d nwg=%d NC=%d cycles/chunk: dv_issue %llu staging %llu qd_issue %llu dv_wait %llu "
-           "epilogue %llu qd_wait %llu fold %llu wd_issue %llu next_stage %llu wd_wait %llu total %llu\n",
-           fwd, k_dim, nwg, nc, g_stamps[0] / nc, g_stamps[1] / nc, g_stamps[2] / nc, g_stamps[3] / nc,
-           g_stamps[4] / nc, g_stamps[5] / nc, g_stamps[6] / nc, g_stamps[7] / nc, g_stamps[8] / nc,
-           g_stamps[9] / nc, tot / nc);
+  // The sums and nc over dh's first 22 bf16 elements, after this thread's (the leader's)
+  // bulk stores have completed their writes (wait_group without .read).
+  __device__ __forceinline__ void write(void* dh, int nc) const {
+    if (!on) return;
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    uint32_t* out = reinterpret_cast<uint32_t*>(dh);
+    for (int k = 0; k < N_STAMPS; ++k) out[k] = uint32_t(atomicAdd(&g_stamps[k], 0ull));
+    out[N_STAMPS] = uint32_t(nc);
   }
 };
 #define KDA_DHU_STAMP(k) stamps.at(k)
@@ -1153,11 +1155,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     }
     if (last_part) plain_store_dv2(c_last, rows0);
   }
-#if KDA_DHU_EXP_STAMPS
-  stamps.print(FWD, K, NWG, NC);
-#endif
   store_dh0();
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
+#if KDA_DHU_EXP_STAMPS
+  stamps.write(p.dh, NC);
+#endif
 }
 }  // namespace sm90_regstate
 }  // namespace kda_dhu

@@ -1,0 +1,99 @@
+"""Where a chunk's cycles go: the sections of the register-state kernel's chunk loop, in SM
+clock cycles per chunk, from a build with the KDA_DHU_EXP_STAMPS probe
+(cuda/dhu_sm90_regstate.cuh). The probe's first consumer thread of CTA (0, 0, 0) reads the
+clock at ten points of each chunk and writes each section's sum and the chunk count over the
+output dh's (forward scan: h's) first 22 bf16 elements; this script calls the op, reads them
+back and prints each section's mean per chunk, the median over --reps calls.
+
+    KDA_DHU_SM90_SPLIT=off python3 benches/chain_stamps.py --B 1 --H 8 --chunks 256
+    KDA_DHU_SM90_SPLIT=off python3 benches/chain_stamps.py --op fwd_h --gate none
+
+The sections (each ends at the named point of the loop): dv_issue (the state packed to bf16,
+DV issued), staging (the previous stores waited for, dh (and dv2) staged, the bulk stores
+issued), qd_issue (QD issued, dv's tile read to registers), dv_wait (DV complete), epilogue
+(dv2), qd_wait (QD complete), fold, wd_issue, next_stage (the next stage's full barrier, do
+rows weighted with g), wd_wait (WD complete, the stage handed back). A build without the
+probe leaves dh as computed: the script says so (exit status 1). The probe's own clock reads
+and atomics cost cycles too: compare its total with the plain build's time per chunk
+(benches/chunk_sweep.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+SECTIONS = (
+    "dv_issue",
+    "staging",
+    "qd_issue",
+    "dv_wait",
+    "epilogue",
+    "qd_wait",
+    "fold",
+    "wd_issue",
+    "next_stage",
+    "wd_wait",
+)
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("KDA_DHU_NO_AUTOREGISTER", "1")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", choices=("dhu", "fwd_h"), default="dhu")
+    ap.add_argument("--B", type=int, default=1)
+    ap.add_argument("--H", type=int, default=8)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--V", type=int, default=128)
+    ap.add_argument("--gate", choices=("gk", "g", "none"), default="gk")
+    ap.add_argument("--chunks", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    if args.chunks < 1 or args.reps < 1:
+        ap.error("--chunks and --reps must be >= 1")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("chain_stamps: no CUDA device", file=sys.stderr)
+        return 2
+    import kda_dhu
+    from kda_dhu import _measure as m
+    from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
+
+    gate = None if args.gate == "none" else args.gate
+    T = args.chunks * m.BT
+    row = (f"stamps_t{T}", args.B, T, args.H, args.H, args.K, args.V, gate, None)
+    if args.op == "dhu":
+        a, _ = m.row_inputs(row)
+        fn = lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)  # noqa: E731
+    else:
+        a, _ = m.fwd_h_row_args(row)
+        fn = lambda: chunk_gated_delta_rule_fwd_h(**a)  # noqa: E731
+    per = {k: [] for k in SECTIONS + ("total",)}
+    for _ in range(args.reps + 2):
+        out = fn()
+        torch.cuda.synchronize()
+        words = out[0].reshape(-1)[:22].contiguous().view(torch.int32).cpu().tolist()
+        sums, nc = [w & 0xFFFFFFFF for w in words[:10]], words[10]
+        if nc != args.chunks:
+            print(f"chain_stamps: dh's words say {nc} chunks, not {args.chunks}: not a KDA_DHU_EXP_STAMPS build")
+            return 1
+        for k, v in zip(SECTIONS, sums):
+            per[k].append(v / nc)
+        per["total"].append(sum(sums) / nc)
+    ms = m.time_ms(fn, reps=args.reps)
+    med = {k: statistics.median(v[2:]) for k, v in per.items()}
+    print(
+        f"{torch.cuda.get_device_name()}: {args.op} B{args.B} H{args.H} K{args.K} V{args.V} {args.gate}, "
+        f"{args.chunks} chunks, warpgroups {os.environ.get('KDA_DHU_SM90_NWG', 'auto')}: cycles per chunk (median of {args.reps}):"
+    )
+    print("  " + "  ".join(f"{k} {med[k]:.0f}" for k in SECTIONS + ("total",)))
+    print(f"  GPU time {ms * 1e3:.1f} us, {ms * 1e6 / args.chunks:.0f} ns per chunk")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
