@@ -130,18 +130,11 @@
 //                           (benches/chain_stamps.py reads them; benches/NOTES.md, "Where a
 //                           chunk's cycles go"). No device printf: an extern call in the
 //                           kernel makes ptxas serialize every wgmma.
-//   KDA_DHU_EXP_QD_LATE     stage 4's QD issued once DV is complete (after DV's wait<0>),
-//                           not queued behind DV: the tensor pipe then runs QD during the
-//                           dv2 epilogue (benches/wgmma_latency.cu: DV then QD queued as
-//                           two groups took ~300 cycles more than the two alone).
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
 #ifndef KDA_DHU_EXP_STAMPS
 #define KDA_DHU_EXP_STAMPS 0
-#endif
-#ifndef KDA_DHU_EXP_QD_LATE
-#define KDA_DHU_EXP_QD_LATE 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -987,7 +980,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // QD_i, queued behind DV_i (stage s's do rows were prepared before its barrier); issued
     // after the staging, which frees adv2 first (K = 128 with two warpgroups would spill).
-    if constexpr (!FWD && !ABL_QD && !KDA_DHU_EXP_QD_LATE) issue_qd(s);
+    if constexpr (!FWD && !ABL_QD) issue_qd(s);
     if constexpr (!FWD && ABL_QD) {
       CUTE_UNROLL
       for (int j = 0; j < NS / 4; ++j) {
@@ -1004,12 +997,11 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
 
     // DV_i complete: dv2 = gate . DV + dv, rounded; zero past the sequence's end. QD_i
     // runs meanwhile.
-    if constexpr (FWD || ABL_QD || KDA_DHU_EXP_QD_LATE)
+    if constexpr (FWD || ABL_QD)
       warpgroup_wait<0>();  // DV is the only wgmma in flight
     else
       warpgroup_wait<1>();
     fence_regs(dv);
-    if constexpr (!FWD && !ABL_QD && KDA_DHU_EXP_QD_LATE) issue_qd(s);
     KDA_DHU_STAMP(3);
     if constexpr (EARLY_FREE) arrive_bar(&k_empty_bar[s]);  // DV has read k's slot
     // Stage 4: dv2 = gate . DV + dv. FWD: v_new = u + (-W) in fp32, rounded (stored), and
