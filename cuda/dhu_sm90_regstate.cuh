@@ -121,12 +121,12 @@
 //                           each part a chunk ahead of where the whole stage would be.
 //                           What the chain gains where the consumers wait on the ring's
 //                           loads (benches/NOTES.md, "DV's operand first").
-//   KDA_DHU_EXP_STAMPS      a timing probe whose dh (FWD: h) is WRONG in its first 22
-//                           elements (never a release build): the first consumer thread of
-//                           CTA (0, 0, 0) of the usual instances reads the SM clock at ten
-//                           points of each chunk and adds each section's cycles to a global
-//                           array; at the end, once its bulk stores are complete, it writes
-//                           the ten sums and NC as uint32 over dh's first 22 bf16 elements
+//   KDA_DHU_EXP_STAMPS      a timing probe whose dh (FWD: h) is WRONG in its first 34
+//                           elements (never a release build): warp 0 of CTA (0, 0, 0) of
+//                           the usual instances reads the SM clock at ten points of each
+//                           chunk (=2: sixteen) and lane k sums section k's cycles; at the
+//                           end, once thread 0's bulk stores are complete, the lanes write
+//                           the sums and NC as uint32 over dh's first 17 words
 //                           (benches/chain_stamps.py reads them; benches/NOTES.md, "Where a
 //                           chunk's cycles go"). No device printf: an extern call in the
 //                           kernel makes ptxas serialize every wgmma.
@@ -156,37 +156,42 @@ using namespace cute;
 // 1024-aligned base; the host asks for SmemMap::DYNAMIC_BYTES): dhu_layout.h, their one owner.
 
 #if KDA_DHU_EXP_STAMPS
-// KDA_DHU_EXP_STAMPS: the sections of a chunk, in order, each ending at the named point.
-constexpr int N_STAMPS = 10;
-__device__ unsigned long long g_stamps[N_STAMPS];
+// KDA_DHU_EXP_STAMPS: the sections of a chunk, each ending at its numbered point (0-9 at
+// level 1; level 2 adds the fine points 10-15 inside DV's issue and the staging). Warp 0 of
+// CTA (0, 0, 0) reads the clock at each point, lane k keeps section k's sum in a register
+// (no memory traffic, no divergence inside the warp: a few instructions per point).
+constexpr int N_STAMPS = 16;
 struct Stamps {
   bool on;
-  uint32_t prev;
-  __device__ __forceinline__ void start(bool enable) {
+  uint32_t prev, acc;
+  int lane;
+  __device__ __forceinline__ void start(bool enable, int lane_) {
     on = enable;
-    if (on) {
-      for (int k = 0; k < N_STAMPS; ++k) g_stamps[k] = 0;
-      prev = uint32_t(clock());
+    lane = lane_;
+    acc = 0;
+    prev = uint32_t(clock());
+  }
+  template <int K> __device__ __forceinline__ void at() {
+    if (K < 10 || KDA_DHU_EXP_STAMPS >= 2) {
+      if (on) {
+        const uint32_t t = uint32_t(clock());
+        if (lane == K) acc += t - prev;
+        prev = t;
+      }
     }
   }
-  __device__ __forceinline__ void at(int k) {
-    if (on) {
-      const uint32_t t = uint32_t(clock());
-      atomicAdd(&g_stamps[k], (unsigned long long)(t - prev));
-      prev = t;
-    }
-  }
-  // The sums and nc over dh's first 22 bf16 elements, after this thread's (the leader's)
+  // Lane k's sum over dh's word k, nc over word N_STAMPS, after thread 0's (the leader's)
   // bulk stores have completed their writes (wait_group without .read).
   __device__ __forceinline__ void write(void* dh, int nc) const {
     if (!on) return;
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    __syncwarp();
     uint32_t* out = reinterpret_cast<uint32_t*>(dh);
-    for (int k = 0; k < N_STAMPS; ++k) out[k] = uint32_t(atomicAdd(&g_stamps[k], 0ull));
-    out[N_STAMPS] = uint32_t(nc);
+    if (lane < N_STAMPS) out[lane] = acc;
+    if (lane == N_STAMPS) out[N_STAMPS] = uint32_t(nc);
   }
 };
-#define KDA_DHU_STAMP(k) stamps.at(k)
+#define KDA_DHU_STAMP(k) stamps.template at<k>()
 #else
 #define KDA_DHU_STAMP(k) ((void)0)
 #endif
@@ -904,7 +909,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint32_t phase = 0;  // full[s]'s phase for chunk i
 #if KDA_DHU_EXP_STAMPS
   Stamps stamps;
-  stamps.start(!SUMMARY && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0);
+  stamps.start(!SUMMARY && tid < 32 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0, tid);
 #endif
   for (int i = 0; i < NC; ++i) {
     const int c = chunk_of(i, NC);
@@ -939,6 +944,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // dh[chunk] = bf16(b), as DV's A fragment.
     CUTE_UNROLL
     for (int j = 0; j < NA; ++j) ab[j] = pack2<T>(b[2 * j], b[2 * j + 1]);
+    KDA_DHU_STAMP(10);
 
     // DV^T = bf16(b^T) . k^T, from zero.
     {
@@ -961,10 +967,14 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // (chunk 0 of a short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
     if (leader) tma_store_wait<0>();
     wg_sync();
+    KDA_DHU_STAMP(11);
     if constexpr (!(ABL_NO_DH || ABL_NO_DH_STAGE)) stage_dh();
+    KDA_DHU_STAMP(12);
     if (!ABL_NO_DV2 && DEFER_DV2 && i > 0) stage_dv2();
+    KDA_DHU_STAMP(13);
     fence_proxy_async();
     wg_sync();
+    KDA_DHU_STAMP(14);
     // The previous chunk's (c + 1; FWD c - 1, never the short one: that is the last).
     const int c_prev = FWD ? c - 1 : c + 1;
     const bool prev_part = DEFER_DV2 && !FWD && partial && i == 1;
@@ -1139,6 +1149,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     arrive_bar(EARLY_FREE ? &w_empty_bar[s] : &empty_bar[s]);
     phase = nphase;
     s = ns;
+    KDA_DHU_STAMP(15);
   }
   if constexpr (DEFER_DV2 && !ABL_NO_DV2) {
     // The last chunk's dv2 (c = 0; FWD c = NC - 1, the short one of a packed sequence).
