@@ -130,11 +130,19 @@
 //                           (benches/chain_stamps.py reads them; benches/NOTES.md, "Where a
 //                           chunk's cycles go"). No device printf: an extern call in the
 //                           kernel makes ptxas serialize every wgmma.
+//   KDA_DHU_EXP_DV2_WD      every instance stages and stores dv2 (FWD: v_new) of chunk i
+//                           while WD_i runs (as the two-warpgroup K = 128 ones do), not
+//                           while DV_{i+1} runs: on the chain alone DV's flight holds ~850
+//                           cycles of staging against ~300 of DV, WD's flight little
+//                           (benches/NOTES.md, "Where a chunk's cycles go").
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
 #ifndef KDA_DHU_EXP_STAMPS
 #define KDA_DHU_EXP_STAMPS 0
+#endif
+#ifndef KDA_DHU_EXP_DV2_WD
+#define KDA_DHU_EXP_DV2_WD 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -862,7 +870,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // where the warps wait for DV anyway, so that the section after WD's issue holds only the
   // next stage's wait; not with two warpgroups at K = 128, whose 240 registers do not hold
   // adv2 across the loop's back edge without spills (NVRTC 12.9).
-  constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
+  constexpr bool DEFER_DV2 = (NWG == 1 || K == 64) && !KDA_DHU_EXP_DV2_WD;
   // An identity tile's q, do and dv read as zeros (the producer loads none of them), so
   // QD = 0 and dv2 = gate . DV: the ring's slots zeroed once.
   if (SUMMARY && ident) {
