@@ -57,3 +57,36 @@ def test_without_a_gpu_it_says_so():
     proc = _run("--chunks", "1,2")
     assert proc.returncode == 2
     assert "no CUDA device" in proc.stderr
+
+
+def _stamps():
+    path = os.path.join(REPO_ROOT, "benches", "chain_stamps.py")
+    spec = importlib.util.spec_from_file_location("chain_stamps", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_chain_stamps_reads_the_probe_words():
+    st = _stamps()
+    words = [0] * st.N_STAMPS + [4]
+    for k in range(10):  # a level-1 build: points 0-9 only
+        words[k] = 400 * (k + 1)
+    nc, sec = st.sections(words)
+    assert nc == 4
+    assert list(sec)[:2] == ["dv_issue", "stores"] and "pack" not in sec
+    assert sec["dv_issue"] == 100 and sec["wd_wait"] == 1000 and sec["total"] == 5500
+    words[10], words[15] = 8, -4  # level 2: pack; a sum past 2**31 (a negative int32) reads unsigned
+    nc, sec = st.sections(words)
+    assert list(sec)[:2] == ["pack", "dv_issue"] and sec["pack"] == 2
+    assert sec["hand_back"] == (2**32 - 4) / 4
+    with pytest.raises(ValueError):
+        st.sections([0] * (st.N_STAMPS + 1))  # a build without the probe: dh's own values
+
+
+def test_chain_stamps_without_a_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    path = os.path.join(REPO_ROOT, "benches", "chain_stamps.py")
+    r = subprocess.run([sys.executable, path, "--chunks", "4"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
