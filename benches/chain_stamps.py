@@ -28,6 +28,9 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from chunk_sweep import add_call_args, call_of  # noqa: E402
+
 # Section k ends at the probe's point k; listed in the order a chunk runs them. Points 10-15
 # exist at KDA_DHU_EXP_STAMPS=2 only (at level 1 their cycles fall in the next point's section:
 # pack and hand_back in dv_issue, the staging's four in stores).
@@ -67,12 +70,7 @@ def sections(words):
 def main(argv=None) -> int:
     os.environ.setdefault("KDA_DHU_NO_AUTOREGISTER", "1")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--op", choices=("dhu", "fwd_h"), default="dhu")
-    ap.add_argument("--B", type=int, default=1)
-    ap.add_argument("--H", type=int, default=8)
-    ap.add_argument("--K", type=int, default=128)
-    ap.add_argument("--V", type=int, default=128)
-    ap.add_argument("--gate", choices=("gk", "g", "none"), default="gk")
+    add_call_args(ap, B=1, H=8)
     ap.add_argument("--chunks", type=int, default=256)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
@@ -84,19 +82,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("chain_stamps: no CUDA device", file=sys.stderr)
         return 2
-    import kda_dhu
     from kda_dhu import _measure as m
-    from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
 
-    gate = None if args.gate == "none" else args.gate
-    T = args.chunks * m.BT
-    row = (f"stamps_t{T}", args.B, T, args.H, args.H, args.K, args.V, gate, None)
-    if args.op == "dhu":
-        a, _ = m.row_inputs(row)
-        fn = lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)  # noqa: E731
-    else:
-        a, _ = m.fwd_h_row_args(row)
-        fn = lambda: chunk_gated_delta_rule_fwd_h(**a)  # noqa: E731
+    fn = call_of(args, args.chunks * m.BT)
     per = {}
     for _ in range(args.reps + 2):
         out = fn()

@@ -35,16 +35,43 @@ def fit(xs, ys):
     return my - slope * mx, slope
 
 
-def main(argv=None) -> int:
-    os.environ.setdefault("KDA_DHU_NO_AUTOREGISTER", "1")
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_call_args(ap, B: int, H: int) -> None:
+    """The options that choose the call: the scan, the grid's batch and heads, K, V, the gate."""
     ap.add_argument("--op", choices=("dhu", "fwd_h"), default="dhu")
-    ap.add_argument("--B", type=int, default=8)
-    ap.add_argument("--H", type=int, default=4)
+    ap.add_argument("--B", type=int, default=B)
+    ap.add_argument("--H", type=int, default=H)
     ap.add_argument("--HV", type=int, default=None, help="value heads (default H)")
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--V", type=int, default=128)
     ap.add_argument("--gate", choices=("gk", "g", "none"), default="gk")
+
+
+def call_of(args, T: int, no_states: bool = False):
+    """The kernel route's call (a function of no arguments) for add_call_args's options and a
+    sequence of T tokens, on the benchmark's inputs (kda_dhu._measure); no_states: stage 4
+    without h0 / dht, the forward scan without initial and final state."""
+    import kda_dhu
+    from kda_dhu import _measure as m
+    from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
+
+    gate = None if args.gate == "none" else args.gate
+    row = (f"sweep_t{T}", args.B, T, args.H, args.HV or args.H, args.K, args.V, gate, None)
+    if args.op == "dhu":
+        a, _ = m.row_inputs(row)
+        if no_states:
+            a["h0"] = a["dht"] = None
+        return lambda: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)
+    a, _ = m.fwd_h_row_args(row)
+    if no_states:
+        a["initial_state"] = None
+        a["output_final_state"] = False
+    return lambda: chunk_gated_delta_rule_fwd_h(**a)
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("KDA_DHU_NO_AUTOREGISTER", "1")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_call_args(ap, B=8, H=4)
     ap.add_argument("--chunks", default="1,2,4,8,17.125,32,64")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--no-states", action="store_true")
@@ -67,27 +94,14 @@ def main(argv=None) -> int:
     import kda_dhu
     from kda_dhu import _core
     from kda_dhu import _measure as m
-    from kda_dhu._forward import chunk_gated_delta_rule_fwd_h
 
     HV = args.HV or args.H
-    gate = None if args.gate == "none" else args.gate
     x = torch.zeros(1, device="cuda")
     base_ms = m.time_ms(lambda: x.fill_(1.0), reps=args.reps)
     rows = []
     for c in lens:
         T = int(round(c * m.BT))
-        row = (f"sweep_t{T}", args.B, T, args.H, HV, args.K, args.V, gate, None)
-        if args.op == "dhu":
-            a, _ = m.row_inputs(row)
-            if args.no_states:
-                a["h0"] = a["dht"] = None
-            fn = lambda a=a: kda_dhu.chunk_gated_delta_rule_bwd_dhu(**a)  # noqa: E731
-        else:
-            a, _ = m.fwd_h_row_args(row)
-            if args.no_states:
-                a["initial_state"] = None
-                a["output_final_state"] = False
-            fn = lambda a=a: chunk_gated_delta_rule_fwd_h(**a)  # noqa: E731
+        fn = call_of(args, T, args.no_states)
         before = _core.launch_count()
         fn()
         torch.cuda.synchronize()
@@ -96,7 +110,7 @@ def main(argv=None) -> int:
         nc = (T + m.BT - 1) // m.BT
         rows.append(dict(T=T, chunks=nc, ms=ms, launches=launches))
         print(f"T {T:6d}  chunks {nc:5d}  {ms * 1e3:9.2f} us  launches {launches}", flush=True)
-        del a
+        del fn  # its inputs
     xs = [r["chunks"] for r in rows]
     ys = [r["ms"] * 1e3 for r in rows]
     gpu = torch.cuda.get_device_name()

@@ -15,8 +15,8 @@ from helpers import REPO_ROOT
 SCRIPT = os.path.join(REPO_ROOT, "benches", "chunk_sweep.py")
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("chunk_sweep", SCRIPT)
+def _module(name="chunk_sweep"):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "benches", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -59,16 +59,8 @@ def test_without_a_gpu_it_says_so():
     assert "no CUDA device" in proc.stderr
 
 
-def _stamps():
-    path = os.path.join(REPO_ROOT, "benches", "chain_stamps.py")
-    spec = importlib.util.spec_from_file_location("chain_stamps", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_chain_stamps_reads_the_probe_words():
-    st = _stamps()
+    st = _module("chain_stamps")
     words = [0] * st.N_STAMPS + [4]
     for k in range(10):  # a level-1 build: points 0-9 only
         words[k] = 400 * (k + 1)
