@@ -145,6 +145,11 @@
 //                           So the staging's two barriers, the fence's wait for the stmatrix
 //                           and the leader's store issue leave the chain (benches/NOTES.md,
 //                           "The stores off the chain").
+//   KDA_DHU_EXP_UNIFORM     the consumers' bos, boh (broadcast from lane 0) and wg (0 with
+//                           one warpgroup) uniform to ptxas, so that more of the leader's
+//                           TMA store operands come from uniform registers (the leader's
+//                           store issue measured 271 cycles a chunk; benches/NOTES.md,
+//                           "The stores off the chain").
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
@@ -153,6 +158,9 @@
 #endif
 #ifndef KDA_DHU_EXP_DV2_WD
 #define KDA_DHU_EXP_DV2_WD 0
+#endif
+#ifndef KDA_DHU_EXP_UNIFORM
+#define KDA_DHU_EXP_UNIFORM 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -168,6 +176,12 @@ namespace kda_dhu {
 namespace sm90_regstate {
 
 using namespace cute;
+// A 64-bit value broadcast from lane 0 of the warp (warp-uniform to ptxas).
+__device__ __forceinline__ int64_t shfl0_i64(int64_t x) {
+  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(uint64_t(x)), 0);
+  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(uint64_t(x) >> 32), 0);
+  return int64_t((uint64_t(hi) << 32) | lo);
+}
 
 // BT, BV, WG_THREADS, num_stages, num_threads, the gate vectors' offsets (G_GATE,
 // G_WEIGHT, G_DECAY, G_LEN) and SmemMap (the shared memory map, in bytes from a
@@ -743,12 +757,23 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, blockIdx.x * NWG * BV, NWG * BV, tid, CONSUMERS);
     return;
   }
+#if KDA_DHU_EXP_UNIFORM
+  // The sequence's first token and chunk broadcast from lane 0 (as NC below), and wg a
+  // constant with one warpgroup: the TMA stores' coordinates and shared-memory addresses
+  // then live in uniform registers (no uniformizing loop around each UTMASTG).
+  const int64_t bos = shfl0_i64(ext.bos), len = ext.len, boh = shfl0_i64(ext.boh);
+#else
   const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
+#endif
   // NC broadcast from lane 0: ptxas then knows it is warp-uniform (read from shared
   // memory it is not, to ptxas), so the chunk loop's counters, the stage index and the
   // wgmma descriptors live in uniform registers (fewer instructions per chunk).
   const int NC = __shfl_sync(0xffffffffu, ext.nc, 0);
+#if KDA_DHU_EXP_UNIFORM
+  const int wg = NWG == 1 ? 0 : __shfl_sync(0xffffffffu, tid / WG_THREADS, 0);
+#else
   const int wg = tid / WG_THREADS;
+#endif
   const int ctid = tid % WG_THREADS;
   // Issues the warpgroup's TMA stores; a split's summary CTA stores none.
   const bool leader = ctid == 0 && (!SUMMARY || live);
@@ -1048,6 +1073,10 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         plain_store_dv2(c + 1, rows0);
         wg_sync();
       }
+      if constexpr (KDA_DHU_EXP_STORE_WARP >= 2) {  // =2: handed over here, the fence on the chain
+        fence_proxy_async();
+        arrive_bar(st_full_bar);
+      }
     } else {
       if (leader) tma_store_wait<0>();
       wg_sync();
@@ -1139,7 +1168,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       fence_regs(qd);
     }
     KDA_DHU_STAMP(5);
-    if constexpr (STORE_WARP) {
+    if constexpr (STORE_WARP && KDA_DHU_EXP_STORE_WARP < 2) {
       // No wgmma in flight: the staged tiles handed to the producer's stores (event i).
       fence_proxy_async();
       arrive_bar(st_full_bar);
