@@ -130,11 +130,6 @@
 //                           (benches/chain_stamps.py reads them; benches/NOTES.md, "Where a
 //                           chunk's cycles go"). No device printf: an extern call in the
 //                           kernel makes ptxas serialize every wgmma.
-//   KDA_DHU_EXP_DV2_WD      every instance stages and stores dv2 (FWD: v_new) of chunk i
-//                           while WD_i runs (as the two-warpgroup K = 128 ones do), not
-//                           while DV_{i+1} runs: on the chain alone DV's flight holds ~850
-//                           cycles of staging against ~300 of DV, WD's flight little
-//                           (benches/NOTES.md, "Where a chunk's cycles go").
 //   KDA_DHU_EXP_STORE_WARP  the one-warpgroup unsplit instances' dh and dv2 (FWD: h and v_new)
 //                           stores issued by the producer warp, not by the consumers'
 //                           leader: the consumers stage the tiles while DV runs with no
@@ -155,9 +150,6 @@
 #endif
 #ifndef KDA_DHU_EXP_STAMPS
 #define KDA_DHU_EXP_STAMPS 0
-#endif
-#ifndef KDA_DHU_EXP_DV2_WD
-#define KDA_DHU_EXP_DV2_WD 0
 #endif
 #ifndef KDA_DHU_EXP_UNIFORM
 #define KDA_DHU_EXP_UNIFORM 0
@@ -452,7 +444,7 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint64_t* w_empty_bar = k_empty_bar + STAGES;
   // DEFER_DV2: dv2_i is staged and stored while DV_{i+1} runs (the consumers' loop says why),
   // not with two warpgroups at K = 128.
-  constexpr bool DEFER_DV2 = (NWG == 1 || K == 64) && !KDA_DHU_EXP_DV2_WD;
+  constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
   // KDA_DHU_EXP_STORE_WARP: the stores' handshake. Store event m < NC: chunk m's dh (iteration
   // m) and, m > 0, iteration m - 1's dv2; event NC: the last iteration's dv2. st_full
   // completes once per event (every consumer thread arrives after its fence), st_free once
