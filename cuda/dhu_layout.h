@@ -43,11 +43,6 @@ namespace sm90_regstate {
 #ifndef KDA_DHU_EXP_EARLY_DV
 #define KDA_DHU_EXP_EARLY_DV 0
 #endif
-// KDA_DHU_EXP_STORE_WARP (an experiment, 0 in every release build): two mbarriers more,
-// the store handshake between the consumers and the producer warp.
-#ifndef KDA_DHU_EXP_STORE_WARP
-#define KDA_DHU_EXP_STORE_WARP 0
-#endif
 
 using sm90::num_stages;
 using sm90::num_threads;
@@ -87,10 +82,7 @@ struct SmemMapOf {
   // full[s], empty[s]; KDA_DHU_EXP_EARLY_DV: and dv_full[s] (the stage's DV operand alone);
   // = 2: and w_full[s], k_empty[s], w_empty[s].
   static constexpr int BARS_PER_STAGE = KDA_DHU_EXP_EARLY_DV >= 2 ? 6 : KDA_DHU_EXP_EARLY_DV ? 3 : 2;
-  // KDA_DHU_EXP_STORE_WARP: st_full and st_free after the stages' barriers.
-  static constexpr int STORE_BARS = KDA_DHU_EXP_STORE_WARP && NWG == 1 ? 2 : 0;
-  static constexpr int EXT_OFF =
-      (BAR_OFF + (BARS_PER_STAGE * STAGES + STORE_BARS) * 8 + 15) / 16 * 16;  // 16-byte accesses
+  static constexpr int EXT_OFF = (BAR_OFF + BARS_PER_STAGE * STAGES * 8 + 15) / 16 * 16;  // 16-byte accesses
   static constexpr int BYTES = EXT_OFF + SEQ_EXTENT_BYTES;
   // 1024 to align the base up where that fits, else none (the kernel then requires an
   // aligned base: K = 128 with one warpgroup).

@@ -130,29 +130,11 @@
 //                           (benches/chain_stamps.py reads them; benches/NOTES.md, "Where a
 //                           chunk's cycles go"). No device printf: an extern call in the
 //                           kernel makes ptxas serialize every wgmma.
-//   KDA_DHU_EXP_STORE_WARP  the one-warpgroup unsplit instances' dh and dv2 (FWD: h and v_new)
-//                           stores issued by the producer warp, not by the consumers'
-//                           leader: the consumers stage the tiles while DV runs with no
-//                           named barrier (they wait on st_free, the previous stores' reads,
-//                           arrived by the producer), and fence and arrive on st_full after
-//                           DV's and QD's waits, when no wgmma is in flight; the producer
-//                           issues the stores, waits for their reads and arrives on st_free.
-//                           So the staging's two barriers, the fence's wait for the stmatrix
-//                           and the leader's store issue leave the chain (benches/NOTES.md,
-//                           "The stores off the chain").
-//   KDA_DHU_EXP_UNIFORM     the consumers' bos, boh (broadcast from lane 0) and wg (0 with
-//                           one warpgroup) uniform to ptxas, so that more of the leader's
-//                           TMA store operands come from uniform registers (the leader's
-//                           store issue measured 271 cycles a chunk; benches/NOTES.md,
-//                           "The stores off the chain").
 #ifndef KDA_DHU_EXP_ABLATE
 #define KDA_DHU_EXP_ABLATE 0
 #endif
 #ifndef KDA_DHU_EXP_STAMPS
 #define KDA_DHU_EXP_STAMPS 0
-#endif
-#ifndef KDA_DHU_EXP_UNIFORM
-#define KDA_DHU_EXP_UNIFORM 0
 #endif
 #ifndef KDA_DHU_EXP_GK_ONLY
 #define KDA_DHU_EXP_GK_ONLY 0
@@ -168,12 +150,6 @@ namespace kda_dhu {
 namespace sm90_regstate {
 
 using namespace cute;
-// A 64-bit value broadcast from lane 0 of the warp (warp-uniform to ptxas).
-__device__ __forceinline__ int64_t shfl0_i64(int64_t x) {
-  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(uint64_t(x)), 0);
-  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(uint64_t(x) >> 32), 0);
-  return int64_t((uint64_t(hi) << 32) | lo);
-}
 
 // BT, BV, WG_THREADS, num_stages, num_threads, the gate vectors' offsets (G_GATE,
 // G_WEIGHT, G_DECAY, G_LEN) and SmemMap (the shared memory map, in bytes from a
@@ -442,19 +418,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   uint64_t* w_full_bar = dv_full_bar + STAGES;
   uint64_t* k_empty_bar = w_full_bar + STAGES;
   uint64_t* w_empty_bar = k_empty_bar + STAGES;
-  // DEFER_DV2: dv2_i is staged and stored while DV_{i+1} runs (the consumers' loop says why),
-  // not with two warpgroups at K = 128.
-  constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
-  // KDA_DHU_EXP_STORE_WARP: the stores' handshake. Store event m < NC: chunk m's dh (iteration
-  // m) and, m > 0, iteration m - 1's dv2; event NC: the last iteration's dv2. st_full
-  // completes once per event (every consumer thread arrives after its fence), st_free once
-  // the event's stores have read the tiles (the producer's lane 0 arrives).
-  // Not a split's first pass (SUMMARY): its g instances spill with it.
-  constexpr bool STORE_WARP = Map::STORE_BARS != 0 && !SUMMARY;
-  static_assert(!STORE_WARP || (NWG == 1 && DEFER_DV2 && !KDA_DHU_EXP_ABLATE && !KDA_DHU_EXP_STAMPS),
-                "KDA_DHU_EXP_STORE_WARP: one warpgroup, dv2 deferred, no probe");
-  uint64_t* st_full_bar = full_bar + Map::BARS_PER_STAGE * STAGES;
-  uint64_t* st_free_bar = st_full_bar + 1;
 
   const int tid = threadIdx.x;
   // blockIdx.y = seg * HV + hv: seg is 0 unless the call is split (src/split.rs). Stage
@@ -515,10 +478,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
         cutlass::arch::ClusterBarrier::init(&k_empty_bar[s], CONSUMERS);
         cutlass::arch::ClusterBarrier::init(&w_empty_bar[s], CONSUMERS);
       }
-    }
-    if constexpr (STORE_WARP) {
-      cutlass::arch::ClusterBarrier::init(st_full_bar, CONSUMERS);
-      cutlass::arch::ClusterBarrier::init(st_free_bar, 1);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -587,39 +546,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     CUTE_UNROLL
     for (int u = 0; u < PREFETCH; ++u)
       if (u < NC) fetch(u, pre[u]);
-    // STORE_WARP: store event m once the consumers have staged it (st_full), then st_free
-    // once the stores have read the tiles (lane 0; the warp reconverges after each event).
-    // Event m is served after the loads of chunk m + STAGES - 1 (both follow chunk m - 1's
-    // hand-back: those loads wait for it, the consumers stage event m after it), the last
-    // STAGES after the loop. The short chunk of a packed batch (iteration i_short) has its
-    // dv2 rows stored by the consumers.
-    const int i_short_p = FWD ? NC - 1 : 0;
-    const bool partial_p = varlen && len - (NC - 1) * BT < BT;
-    int m_next = 0;
-    // (The consumers' leader's tma_store_dh and tma_store_dv2 with one warpgroup, wg = 0.)
-    auto store_event = [&](int m) {
-      if (lane == 0) {
-        wait_bar(st_full_bar, uint32_t(m & 1));
-        const int v0 = blockIdx.x * BV;
-        if (m < NC) {
-          const int chunk = int(ext.boh + chunk_of(m, NC));
-          if constexpr (SVF) {
-            CUTE_UNROLL
-            for (int kb = 0; kb < KB; ++kb)
-              SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF + kb * 8192, kb * 64, v0, hv, chunk);
-          } else {
-            SM90_TMA_STORE_4D::copy(&p.tma_dh, smem + Map::BH_OFF, v0, 0, hv, chunk);
-          }
-        }
-        if (m > 0 && !(partial_p && m - 1 == i_short_p))
-          SM90_TMA_STORE_4D::copy(&p.tma_dv2, smem + Map::DV2_OFF, v0, hv, bos + chunk_of(m - 1, NC) * BT,
-                                  batch_row(p, ctaid_z()));
-        tma_store_arrive();
-        tma_store_wait<0>();
-        arrive_bar(st_free_bar);
-      }
-      __syncwarp();
-    };
     int s = 0;
     uint32_t phase = 0;
     for (int i0 = 0; i0 < NC; i0 += PREFETCH) {
@@ -720,12 +646,9 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
           }
         }
         if (i + PREFETCH < NC) fetch(i + PREFETCH, cur);
-        if (STORE_WARP && i >= STAGES - 1) store_event(m_next++);
         if (++s == STAGES) s = 0, phase ^= 1u;
       }
     }
-    if (STORE_WARP && NC > 0)
-      while (m_next <= NC) store_event(m_next++);
     // A padded packed batch (cu_seqlens[-1] < T): the last sequence's CTAs write zeros
     // to dv2's padding rows for their (hv, V columns), as fla leaves them unwritten.
     if (varlen && ctaid_z() == int(gridDim.z) - 1) {
@@ -749,23 +672,12 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     poison_sequence<K, T, SVF>(p, ext, ctaid_z(), hv, blockIdx.x * NWG * BV, NWG * BV, tid, CONSUMERS);
     return;
   }
-#if KDA_DHU_EXP_UNIFORM
-  // The sequence's first token and chunk broadcast from lane 0 (as NC below), and wg a
-  // constant with one warpgroup: the TMA stores' coordinates and shared-memory addresses
-  // then live in uniform registers (no uniformizing loop around each UTMASTG).
-  const int64_t bos = shfl0_i64(ext.bos), len = ext.len, boh = shfl0_i64(ext.boh);
-#else
   const int64_t bos = ext.bos, len = ext.len, boh = ext.boh;
-#endif
   // NC broadcast from lane 0: ptxas then knows it is warp-uniform (read from shared
   // memory it is not, to ptxas), so the chunk loop's counters, the stage index and the
   // wgmma descriptors live in uniform registers (fewer instructions per chunk).
   const int NC = __shfl_sync(0xffffffffu, ext.nc, 0);
-#if KDA_DHU_EXP_UNIFORM
-  const int wg = NWG == 1 ? 0 : __shfl_sync(0xffffffffu, tid / WG_THREADS, 0);
-#else
   const int wg = tid / WG_THREADS;
-#endif
   const int ctid = tid % WG_THREADS;
   // Issues the warpgroup's TMA stores; a split's summary CTA stores none.
   const bool leader = ctid == 0 && (!SUMMARY || live);
@@ -949,8 +861,8 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   // prepared, no wgmma in flight. DEFER_DV2: dv2_i is staged and stored while DV_{i+1} runs,
   // where the warps wait for DV anyway, so that the section after WD's issue holds only the
   // next stage's wait; not with two warpgroups at K = 128, whose 240 registers do not hold
-  // adv2 across the loop's back edge without spills (NVRTC 12.9). (DEFER_DV2 is defined
-  // above, with the barriers: STORE_WARP's producer serves its events too.)
+  // adv2 across the loop's back edge without spills (NVRTC 12.9).
+  constexpr bool DEFER_DV2 = NWG == 1 || K == 64;
   // An identity tile's q, do and dv read as zeros (the producer loads none of them), so
   // QD = 0 and dv2 = gate . DV: the ring's slots zeroed once.
   if (SUMMARY && ident) {
@@ -1053,43 +965,25 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     // sBh and (DEFER_DV2) chunk i - 1's dv2, still in adv2, -> sDv2; the fence and barrier
     // that order them before the async proxy's reads; then their stores, one bulk group
     // (chunk 0 of a short packed sequence, i - 1 = 0: its dv2 rows by plain stores).
-    // STORE_WARP: the tiles are free once event i - 1's stores have read them (st_free);
-    // no barrier, no fence here (both after QD's wait, below), the producer stores them.
-    if constexpr (STORE_WARP) {
-      const bool prev_part = !FWD && partial && i == 1;
-      if (i > 0) wait_bar(st_free_bar, uint32_t((i - 1) & 1));
-      stage_dh();
-      if (i > 0) stage_dv2();
-      if (prev_part) {  // stage 4 only; sDv2's next writes wait for st_free, after st_full
-        wg_sync();
-        plain_store_dv2(c + 1, rows0);
-        wg_sync();
-      }
-      if constexpr (KDA_DHU_EXP_STORE_WARP >= 2) {  // =2: handed over here, the fence on the chain
-        fence_proxy_async();
-        arrive_bar(st_full_bar);
-      }
-    } else {
-      if (leader) tma_store_wait<0>();
-      wg_sync();
-      KDA_DHU_STAMP(11);
-      if constexpr (!(ABL_NO_DH || ABL_NO_DH_STAGE)) stage_dh();
-      KDA_DHU_STAMP(12);
-      if (!ABL_NO_DV2 && DEFER_DV2 && i > 0) stage_dv2();
-      KDA_DHU_STAMP(13);
-      fence_proxy_async();
-      wg_sync();
-      KDA_DHU_STAMP(14);
-      // The previous chunk's (c + 1; FWD c - 1, never the short one: that is the last).
-      const int c_prev = FWD ? c - 1 : c + 1;
-      const bool prev_part = DEFER_DV2 && !FWD && partial && i == 1;
-      if (leader) {
-        if constexpr (!(ABL_NO_DH || ABL_NO_DH_STORE)) tma_store_dh(chunk);
-        if (!ABL_NO_DV2 && DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c_prev);
-        tma_store_arrive();
-      }
-      if (prev_part) plain_store_dv2(c + 1, rows0);  // stage 4 only
+    if (leader) tma_store_wait<0>();
+    wg_sync();
+    KDA_DHU_STAMP(11);
+    if constexpr (!(ABL_NO_DH || ABL_NO_DH_STAGE)) stage_dh();
+    KDA_DHU_STAMP(12);
+    if (!ABL_NO_DV2 && DEFER_DV2 && i > 0) stage_dv2();
+    KDA_DHU_STAMP(13);
+    fence_proxy_async();
+    wg_sync();
+    KDA_DHU_STAMP(14);
+    // The previous chunk's (c + 1; FWD c - 1, never the short one: that is the last).
+    const int c_prev = FWD ? c - 1 : c + 1;
+    const bool prev_part = DEFER_DV2 && !FWD && partial && i == 1;
+    if (leader) {
+      if constexpr (!(ABL_NO_DH || ABL_NO_DH_STORE)) tma_store_dh(chunk);
+      if (!ABL_NO_DV2 && DEFER_DV2 && i > 0 && !prev_part) tma_store_dv2(c_prev);
+      tma_store_arrive();
     }
+    if (prev_part) plain_store_dv2(c + 1, rows0);  // stage 4 only
     KDA_DHU_STAMP(1);
     // EARLY_DV: DV_i was issued on its operand alone; the rest of stage s from here.
     if constexpr (EARLY_DV) wait_bar(&full_bar[s], phase);
@@ -1160,11 +1054,6 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
       fence_regs(qd);
     }
     KDA_DHU_STAMP(5);
-    if constexpr (STORE_WARP && KDA_DHU_EXP_STORE_WARP < 2) {
-      // No wgmma in flight: the staged tiles handed to the producer's stores (event i).
-      fence_proxy_async();
-      arrive_bar(st_full_bar);
-    }
     fence_regs(b);
     // (The decay row is read here, each pair used as it lands: read while QD_i runs, its
     // 32 registers live across the epilogue would spill at K = 128. b itself is not
@@ -1264,32 +1153,18 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
   }
   if constexpr (DEFER_DV2 && !ABL_NO_DV2) {
     // The last chunk's dv2 (c = 0; FWD c = NC - 1, the short one of a packed sequence).
-    if constexpr (STORE_WARP) {
-      const int c_last = FWD ? NC - 1 : 0;
-      const bool last_part = partial && (FWD || NC == 1);
-      // Event NC: the producer stores it unless it is the short chunk's.
-      wait_bar(st_free_bar, uint32_t((NC - 1) & 1));
-      stage_dv2();
-      if (last_part) {
-        wg_sync();
-        plain_store_dv2(c_last, rows0);
-      }
-      fence_proxy_async();
-      arrive_bar(st_full_bar);
-    } else {
-      if (leader) tma_store_wait<0>();
-      wg_sync();
-      stage_dv2();
-      fence_proxy_async();
-      wg_sync();
-      const int c_last = FWD ? NC - 1 : 0;
-      const bool last_part = partial && (FWD || NC == 1);
-      if (leader && !last_part) {
-        tma_store_dv2(c_last);
-        tma_store_arrive();
-      }
-      if (last_part) plain_store_dv2(c_last, rows0);
+    if (leader) tma_store_wait<0>();
+    wg_sync();
+    stage_dv2();
+    fence_proxy_async();
+    wg_sync();
+    const int c_last = FWD ? NC - 1 : 0;
+    const bool last_part = partial && (FWD || NC == 1);
+    if (leader && !last_part) {
+      tma_store_dv2(c_last);
+      tma_store_arrive();
     }
+    if (last_part) plain_store_dv2(c_last, rows0);
   }
   store_dh0();
   if (leader) tma_store_wait<0>();  // smem must outlive the last bulk stores' reads
