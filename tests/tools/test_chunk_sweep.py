@@ -1,5 +1,6 @@
-"""benches/chunk_sweep.py on the CPU: its least-squares line, bad arguments refused by name,
-and without a GPU it says so with exit status 2."""
+"""benches/chunk_sweep.py and benches/chain_stamps.py on the CPU: the sweep's least-squares
+line, bad arguments refused by name, the probe's words read back, and without a GPU each
+says so with exit status 2."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ import pytest
 import torch
 from helpers import REPO_ROOT
 
-SCRIPT = os.path.join(REPO_ROOT, "benches", "chunk_sweep.py")
+
+def _script(name):
+    return os.path.join(REPO_ROOT, "benches", f"{name}.py")
 
 
 def _module(name="chunk_sweep"):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "benches", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(name, _script(name))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def _run(*args):
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+def _run(*args, name="chunk_sweep"):
+    return subprocess.run([sys.executable, _script(name), *args], capture_output=True, text=True, timeout=120)
 
 
 def test_fit_recovers_a_line():
@@ -79,6 +82,5 @@ def test_chain_stamps_reads_the_probe_words():
 def test_chain_stamps_without_a_gpu_says_so():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    path = os.path.join(REPO_ROOT, "benches", "chain_stamps.py")
-    r = subprocess.run([sys.executable, path, "--chunks", "4"], capture_output=True, text=True, timeout=120)
+    r = _run("--chunks", "4", name="chain_stamps")
     assert r.returncode == 2 and "no CUDA device" in r.stderr
