@@ -762,10 +762,13 @@ __device__ __forceinline__ void dhu_regstate_kernel(const DhuParams& p) {
     b[e + 1] = x.y;
   }
 
-  // dh0 = b after the oldest chunk (a split: see nh_out); FWD: final_state = b after the
-  // newest chunk (never split: src/split.rs splits a forward call only without one).
+  // dh0 = b after the oldest chunk: the launch's segment 0 (stage 4 scans newest first); FWD:
+  // final_state = b after the newest chunk, the launch's last segment (a split's second pass
+  // runs segments 1 .. S - 1 oldest first). Unsplit, both are the one segment; a first pass
+  // (SUMMARY) writes every CTA's last state to its buffer (see nh_out).
+  const bool dh0_seg = FWD ? seg + 1 == int(gridDim.y) / p.HV : seg == 0;
   auto store_dh0 = [&]() {
-    if (SUMMARY || ((p.flags & FLAG_DH0) && seg == 0)) {
+    if (SUMMARY || ((p.flags & FLAG_DH0) && dh0_seg)) {
       CUTE_UNROLL
       for (int e = 0; e < NS; e += 2) {
         const int v = fg.row(e), k = fg.col(e);

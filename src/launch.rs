@@ -946,9 +946,9 @@ fn launch_split(
 
 /// The two passes' DhuParams from the call's (src/split.rs): pass 1 from dht into U
 /// (segments 1 .., every CTA's last state; the live one from its segment to the last),
-/// pass 2 from X (segments 0 .., dh0 from segment 0). The forward scan's (`forward`,
-/// never with a final state): pass 1 over segments live - 1 .. (the live CTA from segment
-/// 0), pass 2 over segments live ...
+/// pass 2 from X (segments 0 .., dh0 from segment 0). The forward scan's (`forward`):
+/// pass 1 over segments live - 1 .. (the live CTA from segment 0), pass 2 over segments
+/// live .. (final_state, where asked, from its last).
 pub fn split_params(params: &DhuParams, sp: Split, u: u64, x: u64, forward: bool) -> (DhuParams, DhuParams) {
     let live = sp.live as i32;
     let mut p1 = *params;

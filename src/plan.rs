@@ -1138,10 +1138,10 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_forward_scan_plans_stage_4s_warpgroups_unsplit_on_sm90_only() {
+    fn the_forward_scan_plans_stage_4s_warpgroups_and_split_on_sm90_only() {
         // B8 H32 K = V = 128: two warpgroups (256 CTAs of 128 V columns fill the H200), as for
         // stage 4; B1 H16 T 65536: one (32 CTAs), split in three segments as stage 4's call
-        // (split::DEFAULT_ON_FWD; without a final state), not split with one.
+        // (split::DEFAULT_ON_FWD), with a final state or without.
         let three = Some(crate::split::Split { segments: 3, seg_chunks: 342, live: 1 });
         for (b, hv, t, nwg, split) in [(8, 32, 4096, 2u32, None), (1, 16, 65536, 1, three)] {
             let mut d = long_desc(b, hv, t);
@@ -1151,8 +1151,9 @@ pub(crate) mod tests {
             assert_eq!((no_final.nwg, no_final.split), (nwg, split));
             d.has_h0 = true;
             let Plan::Kernel { arch, config } = plan(&d, &H200, Rule::Extended) else { panic!() };
-            assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, nwg, None, true));
-            assert_eq!(config.grid, [2 / nwg, hv as u32, b as u32]);
+            assert_eq!((arch, config.nwg, config.split, config.forward), (Arch::Sm90, nwg, split, true));
+            let segs = split.map_or(1, |s| s.launch_segments());
+            assert_eq!(config.grid, [2 / nwg, hv as u32 * segs, b as u32]);
             let wg = if nwg == 2 { "_wg2" } else { "" };
             assert_eq!(config.entry_point(arch), format!("kda_dhu_sm90_fwd_k128_bf16{wg}"));
             assert_eq!(KernelConfig::all(Arch::Sm90)[config.slot()].entry_point(arch), config.entry_point(arch));

@@ -29,10 +29,9 @@
 //! summarizes segments 1 .. S - 2 (the FWD instance's `_sum` kernels, from [0 | I] with
 //! u's K extra columns zero: [b_s | P_s] of h <- A_c h + b_c); the merge runs oldest
 //! first (X[0] = the state leaving segment 0, X[j] = P_j X[j - 1] + b_j); pass 2 runs
-//! segments 1 .. S - 1 from X. Only calls without a final state (output_final_state =
-//! False, as fla's training steps call it): the FWD kernels write final_state from the
-//! launch's first segment, as in every unsplit call. On by default where the rule picks
-//! segments (`DEFAULT_ON_FWD`, with its record).
+//! segments 1 .. S - 1 from X, its last launch segment (the sequence's newest) writing
+//! final_state where the call asks for one (as the one segment of an unsplit call does).
+//! On by default where the rule picks segments (`DEFAULT_ON_FWD`, with its record).
 //! Rounding: the boundary states are fp32 sums of pieces each rounded as the kernel
 //! rounds its own state (bf16 before k . dh), the kind of rounding the unsplit kernel
 //! has; the parity tests against the float64 reference decide (the exact one: a split
@@ -177,8 +176,7 @@ pub fn rule_live(desc: &CallDesc, dev: &DeviceInfo) -> Option<(i64, i64)> {
 
 /// The split of a call that the planner sends to the sm_90a kernel, or None.
 pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch) -> Option<Split> {
-    // A forward call's final state comes from the launch's first segment (see above).
-    if arch != Arch::Sm90 || desc.varlen() || (desc.forward && desc.has_h0) {
+    if arch != Arch::Sm90 || desc.varlen() {
         return None;
     }
     let default_on = if desc.forward { DEFAULT_ON_FWD } else { DEFAULT_ON };
@@ -360,12 +358,14 @@ mod tests {
         // Too short: fewer than 3 x 32 chunks.
         assert_eq!(rule_segments(&long(1, 16, 64 * 95), &H200), None);
         assert_eq!(rule_segments(&long(1, 16, 64 * 96), &H200), Some(3));
-        // The forward scan: the same rule (on by default: DEFAULT_ON_FWD), and never with a
-        // final state (output_final_state: has_h0 of the carrier).
+        // The forward scan: the same rule (on by default: DEFAULT_ON_FWD), with or without a
+        // final state (output_final_state: has_h0 of the carrier; pass 2's last segment
+        // writes it).
         let mut f = long(1, 16, 65536);
         f.forward = true;
         f.has_h0 = true;
-        assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Segments(3)), None);
+        assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Segments(3)).map(|s| s.segments), Some(3));
+        assert_eq!(split(&f, &H200, Arch::Sm90, SplitSwitch::Rule).map(|s| s.segments), Some(3));
         f.has_h0 = false;
         assert_eq!(rule_segments(&f, &H200), Some(3));
         let asked = split(&f, &H200, Arch::Sm90, SplitSwitch::Rule);

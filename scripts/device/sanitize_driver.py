@@ -154,8 +154,9 @@ CASES = [
                               tables=torch.int64, nwg=2, fwd=True)),
     ("fwd_wg2_no_state_k64", dict(B=2, T=100, H=1, HV=1, K=64, V=128, gate="gk", dht=False, h0=False, nwg=2,
                                   fwd=True)),
-    # The forward scan's split (KDA_DHU_SM90_SPLIT=N; calls without a final state): its first
-    # pass, the oldest-first merge, the second pass (one and two warpgroups).
+    # The forward scan's split (KDA_DHU_SM90_SPLIT=N; with a final state where the case has
+    # an initial state): its first pass, the oldest-first merge, the second pass (one and two
+    # warpgroups).
     ("fwd_split3_k128_gk", dict(B=1, T=640, H=2, HV=2, K=128, V=128, gate="gk", split=3, nwg=1, fwd=True)),
     ("fwd_split4_k64_g_tail_wg2", dict(B=2, T=900, H=1, HV=2, K=64, V=128, gate="g", split=4, nwg=2, fwd=True)),
     ("fwd_split3_svf_none", dict(B=1, T=700, H=2, HV=2, K=128, V=64, gate=None, split=3, state_v_first=True,
@@ -248,7 +249,7 @@ def run_forward_case(name: str, s4: dict, dtype, split: bool = False) -> str:
     svf, cu = s4["state_v_first"], s4["cu_seqlens"]
     a = dict(k=k, w=w, u=u, g=s4["g"], gk=s4["gk"], initial_state=h0, state_v_first=svf, cu_seqlens=cu,
              chunk_indices=s4.get("chunk_indices"), chunk_offsets=s4.get("chunk_offsets"))  # fmt: skip
-    final_wanted = h0 is not None and not split  # a forward call is split only without one
+    final_wanted = h0 is not None  # a split call's second pass writes it from its last segment
     ref = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=final_wanted, emulate_rounding=not split)
     bar, launches = (TOL[dtype], 3) if split else (1e-3, 1)
     B, T, HV, V = u.shape

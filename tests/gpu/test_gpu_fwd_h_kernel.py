@@ -333,16 +333,17 @@ def _split_args(case: str, rng) -> dict:
 LONG = dict(B=1, T=8192, H=2, HV=2, K=128, V=128, gate="gk")
 
 
-def _check_forward_split(a: dict, got, tol_factor: float = 1.25) -> None:
-    """A split call (h, v_new; no final state) rounds its partial states (a summarized
-    segment's state and P_s) where fla rounds the true state, so it is held to stage 4's
-    split bar: every output within 1.25x fla's error against the exact float64 reference
-    (no emulated rounding), and close to fla's."""
-    assert got[2] is None
-    exact = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=False, emulate_rounding=False)
-    fla = _fla_fwd_h()(**a, output_final_state=False, save_new_value=True)
+def _check_forward_split(a: dict, got, final: bool = False, tol_factor: float = 1.25) -> None:
+    """A split call (h, v_new, and final_state where `final` asked for it) rounds its partial
+    states (a summarized segment's state and P_s) where fla rounds the true state, so it is
+    held to stage 4's split bar: every output within 1.25x fla's error against the exact
+    float64 reference (no emulated rounding), and close to fla's."""
+    assert (got[2] is not None) == final
+    exact = chunk_gated_delta_rule_fwd_h_ref(**a, output_final_state=final, emulate_rounding=False)
+    fla = _fla_fwd_h()(**a, output_final_state=final, save_new_value=True)
     for name, o, f, r in zip(("h", "v_new", "final_state"), got, fla, exact):
         if o is None:
+            assert f is None and r is None, name
             continue
         assert o.shape == f.shape == r.shape, (name, o.shape, f.shape, r.shape)
         assert bool(torch.isfinite(o).all()), f"{name}: an element left unwritten (NaN) or not finite"
@@ -351,49 +352,45 @@ def _check_forward_split(a: dict, got, tol_factor: float = 1.25) -> None:
         assert rel_err(o, f) < 4e-3, (name, "vs fla", rel_err(o, f))
 
 
+@pytest.mark.parametrize("final", [False, True], ids=["no-final", "final"])
 @pytest.mark.parametrize("nwg", ["1", "2"])
 @pytest.mark.parametrize("case", sorted(SPLIT_CASES))
-def test_the_forward_split_matches_the_reference_and_fla(case, nwg, rng, monkeypatch):
-    """KDA_DHU_SM90_SPLIT=N on a call without a final state: the first pass (segment 0 with
-    its outputs, the middle segments summarized from [0 | I]), the oldest-first merge and
-    the second pass (segments 1 ..), every output poisoned first; the second pass on one or
-    two warpgroups; the three launches by count."""
+def test_the_forward_split_matches_the_reference_and_fla(case, nwg, final, rng, monkeypatch):
+    """KDA_DHU_SM90_SPLIT=N: the first pass (segment 0 with its outputs, the middle segments
+    summarized from [0 | I]), the oldest-first merge and the second pass (segments 1 .., its
+    last writing final_state where asked), every output poisoned first; the second pass on
+    one or two warpgroups; the three launches by count."""
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", str(SPLIT_CASES[case][1]))
     monkeypatch.setenv("KDA_DHU_SM90_NWG", nwg)
     a = _split_args(case, rng)
     before = _core.launch_count()
-    got = run_probe(a, output_final_state=False)
+    got = run_probe(a, output_final_state=final)
     assert _core.launch_count() - before == 3
-    _check_forward_split(a, got)
+    _check_forward_split(a, got, final)
 
 
 def test_the_forward_split_launches_its_three_kernels_where_the_rule_or_the_switch_asks(rng, monkeypatch):
-    """Forced: the forward first pass, the forward merge, the forward kernel, in that order;
-    a call with a final state is never split. Unset, the forward scan is split where stage
-    4's rule splits (B1 H2 T8192: DEFAULT_ON_FWD), and not with a final state; `off` never."""
+    """Forced: the forward first pass, the forward merge, the forward kernel, in that order,
+    with a final state or without. Unset, the forward scan is split where stage 4's rule
+    splits (B1 H2 T8192: DEFAULT_ON_FWD); `off` never."""
     from test_gpu_kernel import _launched_kernels
 
+    three = ["kda_dhu_sm90_fwd_k128_bf16_sum", "kda_dhu_sm90_fwd_seg_merge_k128", "kda_dhu_sm90_fwd_k128_bf16"]
     a = _split_args("gk", rng)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "3")
     monkeypatch.setenv("KDA_DHU_SM90_NWG", "1")
-    names = _launched_kernels(lambda: run_probe(a, output_final_state=False))
-    assert names == [
-        "kda_dhu_sm90_fwd_k128_bf16_sum",
-        "kda_dhu_sm90_fwd_seg_merge_k128",
-        "kda_dhu_sm90_fwd_k128_bf16",
-    ]
-    assert _launched_kernels(lambda: run_probe(a)) == ["kda_dhu_sm90_fwd_k128_bf16"]
+    assert _launched_kernels(lambda: run_probe(a, output_final_state=False)) == three
+    assert _launched_kernels(lambda: run_probe(a)) == three
     long = _forward_inputs(LONG, rng)
     monkeypatch.delenv("KDA_DHU_SM90_SPLIT")
-    got = []
-    names = _launched_kernels(lambda: got.append(run_probe(long, output_final_state=False)))
-    assert names[0] == "kda_dhu_sm90_fwd_k128_bf16_sum" and len(names) == 3, names
-    _check_forward_split(long, got[0])
-    assert _launched_kernels(lambda: run_probe(long)) == ["kda_dhu_sm90_fwd_k128_bf16"]
+    for final in (False, True):
+        got = []
+        names = _launched_kernels(lambda: got.append(run_probe(long, output_final_state=final)))
+        assert names[0] == "kda_dhu_sm90_fwd_k128_bf16_sum" and len(names) == 3, (final, names)
+        _check_forward_split(long, got[0], final)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "off")
-    assert _launched_kernels(lambda: run_probe(long, output_final_state=False)) == [
-        "kda_dhu_sm90_fwd_k128_bf16"
-    ]
+    for final in (False, True):
+        assert _launched_kernels(lambda: run_probe(long, output_final_state=final)) == ["kda_dhu_sm90_fwd_k128_bf16"]
 
 
 @pytest.mark.skipif(
@@ -420,26 +417,26 @@ def test_the_forward_split_with_a_long_live_segment(case, value, rng, monkeypatc
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", value)
     a = _forward_inputs(SPLIT_CASES[case][0], rng)
     before = _core.launch_count()
-    got = run_probe(a, output_final_state=False)
+    got = run_probe(a)
     assert _core.launch_count() - before == 3
-    _check_forward_split(a, got)
+    _check_forward_split(a, got, final=True)
     # L live segments, not one: with one live the same segments' boundary states are
     # rounded elsewhere, so h differs.
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", value.split(":")[0])
-    one = run_probe(a, output_final_state=False)
+    one = run_probe(a)
     assert not torch.equal(got[0], one[0]), "N:L ran as N segments with one live"
 
 
 def test_the_forward_split_is_close_to_the_unsplit_kernel_and_repeatable(rng, monkeypatch):
-    """The split and the unsplit forward scan differ only where fp32 sums are rounded: h and
-    v_new agree to 16-bit rounding; the split itself is bitwise repeatable."""
+    """The split and the unsplit forward scan differ only where fp32 sums are rounded: h,
+    v_new and final_state agree to 16-bit rounding; the split itself is bitwise repeatable."""
     a = _forward_inputs(dict(LONG, T=4096), rng)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "off")
-    plain = run_probe(a, output_final_state=False)
+    plain = run_probe(a)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "4")
-    split = run_probe(a, output_final_state=False)
-    again = run_probe(a, output_final_state=False)
-    for name, x, y, z in zip(("h", "v_new"), plain, split, again):
+    split = run_probe(a)
+    again = run_probe(a)
+    for name, x, y, z in zip(("h", "v_new", "final_state"), plain, split, again):
         assert torch.equal(y, z), f"{name}: not repeatable"
         assert rel_err(y, x) < 1e-2, f"{name}: {rel_err(y, x):.3e} from the unsplit kernel"
 
