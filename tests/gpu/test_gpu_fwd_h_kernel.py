@@ -375,7 +375,11 @@ def test_the_forward_split_launches_its_three_kernels_where_the_rule_or_the_swit
     splits (B1 H2 T8192: DEFAULT_ON_FWD); `off` never."""
     from test_gpu_kernel import _launched_kernels
 
-    three = ["kda_dhu_sm90_fwd_k128_bf16_sum", "kda_dhu_sm90_fwd_seg_merge_k128", "kda_dhu_sm90_fwd_k128_bf16"]
+    three = [
+        "kda_dhu_sm90_fwd_k128_bf16_sum",
+        "kda_dhu_sm90_fwd_seg_merge_k128",
+        "kda_dhu_sm90_fwd_k128_bf16",
+    ]
     a = _split_args("gk", rng)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "3")
     monkeypatch.setenv("KDA_DHU_SM90_NWG", "1")
@@ -385,12 +389,16 @@ def test_the_forward_split_launches_its_three_kernels_where_the_rule_or_the_swit
     monkeypatch.delenv("KDA_DHU_SM90_SPLIT")
     for final in (False, True):
         got = []
-        names = _launched_kernels(lambda: got.append(run_probe(long, output_final_state=final)))
+        names = _launched_kernels(
+            lambda got=got, final=final: got.append(run_probe(long, output_final_state=final))
+        )
         assert names[0] == "kda_dhu_sm90_fwd_k128_bf16_sum" and len(names) == 3, (final, names)
         _check_forward_split(long, got[0], final)
     monkeypatch.setenv("KDA_DHU_SM90_SPLIT", "off")
     for final in (False, True):
-        assert _launched_kernels(lambda: run_probe(long, output_final_state=final)) == ["kda_dhu_sm90_fwd_k128_bf16"]
+        assert _launched_kernels(lambda final=final: run_probe(long, output_final_state=final)) == [
+            "kda_dhu_sm90_fwd_k128_bf16"
+        ]
 
 
 @pytest.mark.skipif(
