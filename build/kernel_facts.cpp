@@ -42,6 +42,15 @@ int main() {
   row<64, 2, sm90_regstate::SmemMap<64, 2, sm90_regstate::fwd_ring<64, 2>()>>(sm90_regstate::num_threads<2>());
   row<128, 2, sm90_regstate::SmemMap<128, 2, sm90_regstate::fwd_ring<128, 2>()>>(sm90_regstate::num_threads<2>());
   std::printf("];\n");
+  // The split's merge (cuda/dhu_seg_merge.cuh): V columns per CTA, threads and dynamic
+  // shared memory at K = 64 and 128.
+  std::printf("pub const MERGE_COLS: i64 = %d;\n", seg_merge::COLS);
+  std::printf("pub const MERGE: [Layout; 2] = [\n");
+  std::printf("    Layout { k: 64, nwg: 0, stages: 0, threads: %d, smem_bytes: %d },\n", seg_merge::threads<64>(),
+              seg_merge::smem_bytes<64>());
+  std::printf("    Layout { k: 128, nwg: 0, stages: 0, threads: %d, smem_bytes: %d },\n", seg_merge::threads<128>(),
+              seg_merge::smem_bytes<128>());
+  std::printf("];\n");
   std::printf("pub const SM100: [Layout; 2] = [\n");
   row<64, 1, Sm100Stages::Map<64>>(sm100::NUM_THREADS);
   row<128, 1, Sm100Stages::Map<128>>(sm100::NUM_THREADS);

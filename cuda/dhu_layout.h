@@ -134,6 +134,16 @@ constexpr int fwd_ring() {
 
 }  // namespace sm90_regstate
 
+// The merge of a sequence split's boundary states (cuda/dhu_seg_merge.cuh): grid
+// (V / COLS, HV, B), 2K threads, each step's P [K, K] in dynamic shared memory with rows
+// of K + PAD floats (16-byte rows; PAD spreads a warp's 16 rows over the banks).
+namespace seg_merge {
+constexpr int COLS = 16;  // V columns per CTA
+constexpr int PAD = 4;
+template <int K> constexpr int threads() { return 2 * K; }
+template <int K> constexpr int smem_bytes() { return K * (K + PAD) * 4; }
+}  // namespace seg_merge
+
 namespace sm100 {
 
 constexpr int NUM_THREADS = 256;  // warps 0-3: producer, MMA, two idle; warps 4-7: the SIMT warpgroup

@@ -17,43 +17,78 @@
 // same recurrence with U's and X's segment index read as S1 - 1 - j. (With L live
 // segments, src/split.rs: launch segment j is segment L - 1 + j, the live one runs
 // segments 0 .. L - 1, the second pass L .. L + S1 - 1; stage 4's live one runs its
-// launch segment to the last.) Grid (V / 16, HV, B), 2K threads:
-// thread t owns row k = t / 2 and the 8 columns 8 (t % 2) of the CTA's 16. P is read in
-// blocks of MB columns, staged in shared memory by coalesced loads (a thread's row of P is
-// one of K strided rows: read directly, each warp load touched 16 rows).
+// launch segment to the last.) Grid (V / 16, HV, B), 2K threads: thread t owns row
+// k = t / 2 and the 8 columns 8 (t % 2) of the CTA's 16. Each step's P [K, K] is read
+// whole by 16-byte loads (K / 8 a thread, all in flight at once, the next step's issued
+// before this step's products) into dynamic shared memory in U's own order (rows along the
+// contiguous index, 16-byte stores), rows padded to K + 4 floats (smem_bytes): a warp's
+// reads of its 16 rows at m .. m + 3 (one 16-byte load) take two wavefronts; with
+// state_v_first, P's columns are the rows, and the 16 rows' elements at one m are
+// consecutive words. Its numbers: cuda/dhu_layout.h (seg_merge).
 #pragma once
 
 #include <stdint.h>
 
+#include "dhu_layout.h"
+
 namespace kda_dhu {
 namespace seg_merge {
-
-constexpr int COLS = 16;  // V columns per CTA
-constexpr int MB = 32;    // columns of P per shared-memory block
 
 template <int K, bool REV = false>
 __device__ __forceinline__ void seg_merge_kernel(const float* __restrict__ u, float* __restrict__ x, int s1, int HV,
                                                  int V, int svf) {
-  constexpr int NTHREADS = 2 * K;
+  constexpr int NTHREADS = threads<K>();
+  constexpr int NF = K * K / 4 / NTHREADS;  // 16-byte pieces of P per thread
+  constexpr int PS = K + PAD;               // row pitch in shared memory, floats (16-byte rows)
+  static_assert(K * K % (4 * NTHREADS) == 0 && PAD % 4 == 0, "P in 16-byte pieces and 16-byte rows");
+  extern __shared__ float4 merge_dyn[];
+  float* ps = reinterpret_cast<float*>(merge_dyn);  // P [K][PS]; with state_v_first P^T
   __shared__ float xs[K][COLS];
-  __shared__ float ps[K][MB + 1];  // +1: rows k and k + 1 in different banks
   const int t = threadIdx.x;
   const int k = t >> 1, half = (t & 1) * 8;
   const int c0 = int(blockIdx.x) * COLS + half;
   const int hv = blockIdx.y;
   const int64_t row = int64_t(blockIdx.z) * s1;
   const int VW = V + K;
-  // Element (kk, c) of U_j and (k, c) of X[j] (REV: of U_{S1-1-j}, X[S1-1-j]).
-  auto u_at = [&](int j, int kk, int c) -> int64_t {
+  // U_j's first element (REV: U_{S1-1-j}'s), and its element (kk, c); X[j]'s (k, c).
+  auto u_base = [&](int j) -> int64_t {
     if constexpr (REV) j = s1 - 1 - j;
-    const int64_t base = ((row + j) * HV + hv) * int64_t(K) * VW;
-    return base + (svf ? int64_t(c) * K + kk : int64_t(kk) * VW + c);
+    return ((row + j) * HV + hv) * int64_t(K) * VW;
+  };
+  auto u_at = [&](int j, int kk, int c) -> int64_t {
+    return u_base(j) + (svf ? int64_t(c) * K + kk : int64_t(kk) * VW + c);
   };
   auto x_at = [&](int j, int c) -> int64_t {
     if constexpr (REV) j = s1 - 1 - j;
     const int64_t base = ((row + j) * HV + hv) * int64_t(K) * V;
     return base + (svf ? int64_t(c) * K + k : int64_t(k) * V + c);
   };
+  // Piece i of this thread: 4 consecutive elements of P along its contiguous index (m of
+  // row kk; with state_v_first kk of column m), consecutive threads on consecutive pieces.
+  auto piece = [&](int i, int& kk, int& m) {
+    const int e = 4 * (t + i * NTHREADS);
+    kk = svf ? e % K : e / K;
+    m = svf ? e / K : e % K;
+  };
+  auto load_p = [&](int j, float4 (&r)[NF]) {
+    const float* pj = u + u_base(j);
+#pragma unroll
+    for (int i = 0; i < NF; ++i) {
+      int kk, m;
+      piece(i, kk, m);
+      r[i] = *reinterpret_cast<const float4*>(pj + (svf ? int64_t(V + m) * K + kk : int64_t(kk) * VW + V + m));
+    }
+  };
+  auto store_p = [&](const float4 (&r)[NF]) {
+#pragma unroll
+    for (int i = 0; i < NF; ++i) {
+      int kk, m;
+      piece(i, kk, m);
+      *reinterpret_cast<float4*>(ps + (svf ? m * PS + kk : kk * PS + m)) = r[i];
+    }
+  };
+  float4 pr[NF];
+  if (s1 >= 2) load_p(s1 - 2, pr);
   float acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -64,21 +99,27 @@ __device__ __forceinline__ void seg_merge_kernel(const float* __restrict__ u, fl
   for (int j = s1 - 1; j >= 1; --j) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = u[u_at(j - 1, k, c0 + i)];
-    for (int m0 = 0; m0 < K; m0 += MB) {
-      __syncthreads();  // xs written, the previous block of ps read
-      // P[:, m0 .. m0 + MB): consecutive threads along P's contiguous index.
-#pragma unroll
-      for (int e0 = 0; e0 < K * MB; e0 += NTHREADS) {
-        const int e = e0 + t;
-        const int kk = svf ? e % K : e / MB, mm = svf ? e / K : e % MB;
-        ps[kk][mm] = u[u_at(j - 1, kk, V + m0 + mm)];
-      }
-      __syncthreads();
+    __syncthreads();  // xs written; the previous step's reads of ps done
+    store_p(pr);
+    __syncthreads();
+    if (j >= 2) load_p(j - 2, pr);  // the next step's P, in flight during this step's products
+    if (svf) {
 #pragma unroll 8
-      for (int mm = 0; mm < MB; ++mm) {
-        const float pkm = ps[k][mm];
+      for (int m = 0; m < K; ++m) {
+        const float pkm = ps[m * PS + k];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = fmaf(pkm, xs[m0 + mm][half + i], acc[i]);
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(pkm, xs[m][half + i], acc[i]);
+      }
+    } else {
+#pragma unroll 2
+      for (int m = 0; m < K; m += 4) {
+        const float4 p4 = *reinterpret_cast<const float4*>(ps + k * PS + m);
+        const float pq[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = fmaf(pq[q], xs[m + q][half + i], acc[i]);
+        }
       }
     }
     __syncthreads();  // every thread's reads of xs done

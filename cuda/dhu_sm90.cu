@@ -46,7 +46,7 @@
     kda_dhu::sm90_regstate::dhu_regstate_kernel<K, T, NWG, SVF, G, false, true>(p);           \
   }
 #define KDA_DHU_SEG_MERGE_ENTRY(NAME, K, REV)                                                         \
-  extern "C" __global__ void __launch_bounds__(2 * K, 1)                                               \
+  extern "C" __global__ void __launch_bounds__(kda_dhu::seg_merge::threads<K>(), 1)                    \
       NAME(const float* u, float* x, int s1, int HV, int V, int svf) {                                \
     kda_dhu::seg_merge::seg_merge_kernel<K, REV>(u, x, s1, HV, V, svf);                                \
   }

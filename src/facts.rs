@@ -10,7 +10,9 @@
 //!   shared memory its launch asks for: the map's bytes plus the alignment slack);
 //! - `SM90_FWD`: the same for the forward scan's unsplit sm_90a kernels (stage 4's rows
 //!   but K = 128 with one warpgroup, whose ring of w, k, u is its own: `fwd_ring`; every
-//!   row its own in the KDA_DHU_EXP_FWD_STAGES experiment's build).
+//!   row its own in the KDA_DHU_EXP_FWD_STAGES experiment's build);
+//! - `MERGE_COLS`, `MERGE`: the sequence split's merge kernel (V columns per CTA; per K its
+//!   threads and dynamic shared memory, `nwg` and `stages` 0).
 //!
 //! Python reads the same table through `kda_dhu._core.kernel_facts()`.
 

@@ -200,7 +200,8 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
     let mut split_funcs = [Handle(std::ptr::null_mut()); SPLIT_ENTRIES.len()];
     if arch == Arch::Sm90 {
         for (slot, name) in SPLIT_ENTRIES.iter().enumerate() {
-            let smem = if split::is_summary_slot(slot) { split_pass1_smem(split::slot_k(slot)) } else { 0 };
+            let k = split::slot_k(slot);
+            let smem = if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
             split_funcs[slot] = Handle(function(name, smem)?);
         }
     }
@@ -928,7 +929,7 @@ fn launch_split(
             kernels.split[mslot].0,
             shape.merge,
             shape.merge_threads,
-            0,
+            split::merge_layout(config.k).smem_bytes,
             &mut [
                 &mut mu as *mut u64 as *mut c_void,
                 &mut mx as *mut u64 as *mut c_void,
@@ -1406,13 +1407,16 @@ mod tests {
         let k = load_with(&api, &H200_TARGET).unwrap();
         assert!(k.funcs.iter().all(|f| !f.0.is_null()));
         assert!(k.split.iter().all(|f| !f.0.is_null()));
-        // The stage-4 and forward-scan entry points, then the split's first-pass kernels (the
-        // merge asks for no dynamic shared memory).
+        // The stage-4 and forward-scan entry points, then the split's first-pass kernels and
+        // merges, in SPLIT_ENTRIES' order.
         let mut want: Vec<i32> =
             KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c) as i32).collect();
-        for slot in (0..SPLIT_ENTRIES.len()).filter(|&s| split::is_summary_slot(s)) {
-            want.push(split_pass1_smem(split::slot_k(slot)) as i32);
+        for slot in 0..SPLIT_ENTRIES.len() {
+            let k = split::slot_k(slot);
+            let smem = if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
+            want.push(smem as i32);
         }
+        assert_eq!(split::merge_layout(128).smem_bytes, 128 * 132 * 4);
         assert_eq!(*api.smem_set.borrow(), want);
     }
 

@@ -49,7 +49,7 @@ use crate::plan::{Arch, DeviceInfo};
 use crate::tensor::DType;
 use crate::validate::CallDesc;
 
-use crate::facts::BV;
+use crate::facts::{BV, MERGE_COLS};
 use crate::varlen::chunks;
 
 /// Chunks per segment below which the rule does not split: the two extra launches and the
@@ -69,8 +69,6 @@ pub const DEFAULT_ON: bool = true;
 /// 0.955 -> 0.690 ms (fla 1.579 ms), and B1 T65536 H32 and B1 T11264 HV32, where the rule
 /// picks none, unchanged (benches/NOTES.md, "The forward scan's split").
 pub const DEFAULT_ON_FWD: bool = true;
-/// V columns per CTA of the merge kernel (cuda/dhu_seg_merge.cuh's COLS).
-pub const MERGE_COLS: i64 = 16;
 /// Stage 4's live segment (the newest, run by pass 1 beside the summaries) in percent of
 /// the other segments' chunks, under the rule. A summarized segment stores nothing per
 /// chunk, so its chain may be shorter than the live one's: pass 1 takes the longer of the
@@ -278,6 +276,12 @@ pub fn summary_slot(k: u32, dtype: DType, svf: bool, g: bool, forward: bool) -> 
         + if g { 8 } else { 0 }
 }
 
+/// The merge kernel's threads and dynamic shared memory at head dim `k` (64 or 128;
+/// cuda/dhu_layout.h, seg_merge).
+pub fn merge_layout(k: u32) -> &'static crate::facts::Layout {
+    crate::facts::MERGE.iter().find(|l| l.k == k).expect("merge kernels at K = 64 and 128")
+}
+
 /// Slot in SPLIT_ENTRIES of the merge kernel (`forward`: the forward scan's, oldest first).
 pub fn merge_slot(k: u32, forward: bool) -> usize {
     (if forward { FWD_MERGE_FIRST } else { 16 }) + usize::from(k != 64)
@@ -317,7 +321,7 @@ pub fn shape(desc: &CallDesc, sp: Split) -> SplitShape {
     SplitShape {
         pass1: [((d.v + d.k) / BV) as u32, (d.hv * s1) as u32, d.b as u32],
         merge: [(d.v / MERGE_COLS) as u32, d.hv as u32, d.b as u32],
-        merge_threads: (2 * d.k) as u32,
+        merge_threads: merge_layout(d.k as u32).threads,
         u_elems: (d.b * s1 * d.hv * d.k * (d.v + d.k)) as u64,
         x_elems: (d.b * s1 * d.hv * d.k * d.v) as u64,
     }
