@@ -201,7 +201,8 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
     if arch == Arch::Sm90 {
         for (slot, name) in SPLIT_ENTRIES.iter().enumerate() {
             let k = split::slot_k(slot);
-            let smem = if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
+            let smem =
+                if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
             split_funcs[slot] = Handle(function(name, smem)?);
         }
     }
@@ -1413,7 +1414,8 @@ mod tests {
             KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c) as i32).collect();
         for slot in 0..SPLIT_ENTRIES.len() {
             let k = split::slot_k(slot);
-            let smem = if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
+            let smem =
+                if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
             want.push(smem as i32);
         }
         assert_eq!(split::merge_layout(128).smem_bytes, 128 * 132 * 4);
