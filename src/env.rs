@@ -7,7 +7,7 @@
 //! | `KDA_DHU_FORCE` | `kernel`, `fla` | force a path (debugging), the same on every route (direct entry points, `kda_dhu_b2a`, the custom op, fla's registry: its verifier reads it once per call and hands the reading to the implementation): `kernel` runs the kernel wherever it can compute the call (the planner's "capable" rule) and raises where it cannot; `fla` always runs fla's function; another value raises, naming the switch; inputs in host memory run the CPU implementation either way |
 //! | `KDA_DHU_CHECK_INPUTS` | `1` | packed batches: check cu_seqlens / chunk_offsets on the host before each call (one synchronization per call) and raise at once, instead of on the device (reported by the next call) |
 //! | `KDA_DHU_SM90_NWG` | `1`, `2` | Hopper kernel: consumer warpgroups per CTA (measurements) |
-//! | `KDA_DHU_SM90_SPLIT` | `on`, `off`, an integer >= 2 | Hopper kernel, dense calls: the sequence split below one wave (src/split.rs): `on` where its rule picks one, `off` never, `N` N segments wherever a split can run (tests, measurements); `live` / `N:L` a long live segment (the rule `split::rule_live` / N segments, L live: only with the KDA_DHU_EXP_SPLIT_LIVE experiment's kernels, else `on` / `N`); `N/P` N segments, stage 4's newest (live) one P percent of the others (measurements of `split::LIVE_SHARE_PCT`); unset: the default (`split::DEFAULT_ON`; the forward scan's `split::DEFAULT_ON_FWD`) |
+//! | `KDA_DHU_SM90_SPLIT` | `on`, `off`, an integer >= 2 | Hopper kernel, dense calls: the sequence split below one wave (src/split.rs): `on` where its rule picks one, `off` never, `N` N segments wherever a split can run (tests, measurements); `live` / `N:L` a long live segment (the rule `split::rule_live` / N segments, L live: only with the KDA_DHU_EXP_SPLIT_LIVE experiment's kernels, else `on` / `N`); unset: the default (`split::DEFAULT_ON`; the forward scan's `split::DEFAULT_ON_FWD`) |
 //! | `KDA_DHU_SM100` | `check`, `wait`, `on`, `off` | Blackwell kernel (python/kda_dhu/_selfcheck.py): unset or `check`, each shape signature runs fla until a check in a child process passed it (in the background); `wait`, the signature's first call waits for that verdict; `on`, the kernel runs unchecked; `off`, never |
 //! | `KDA_DHU_CACHE_DIR` | a folder | where the Blackwell kernel's check keeps its verdicts (else `$XDG_CACHE_HOME/kda_dhu`, else `~/.cache/kda_dhu`): a path, so read as it is (not lower-cased) by python/kda_dhu/_selfcheck_cache.py, not here |
 //! | `KDA_DHU_NO_EXCHANGE_API` | `1` | read torch tensors through DLPack capsules, not torch's C exchange API |
@@ -64,7 +64,7 @@ pub const SWITCHES: &[(&str, &str)] = &[
     (FORCE, "kernel|fla: force a path (debugging)"),
     (CHECK_INPUTS, "1: check packed-batch tables on the host before each call (synchronizes)"),
     (SM90_NWG, "1|2: Hopper kernel's consumer warpgroups per CTA (measurements)"),
-    (SM90_SPLIT, "on|off|N|live|N:L|N/P: Hopper kernel's sequence split below one wave (N: that many segments; live, N:L: a long live segment, an experiment's build only; N/P: stage 4's newest segment P % of the others)"),
+    (SM90_SPLIT, "on|off|N|live|N:L: Hopper kernel's sequence split below one wave (N: that many segments; live, N:L: a long live segment, an experiment's build only)"),
     (SM100, "check|wait|on|off: the Blackwell kernel's check in a child process (on: unchecked, off: never)"),
     (NO_EXCHANGE_API, "1: read torch tensors through DLPack capsules"),
     (NO_AUTOREGISTER, "1: do not register the backend in fla's registry on import"),
@@ -124,8 +124,8 @@ pub fn sm90_nwg() -> Option<u32> {
     }
 }
 
-/// `KDA_DHU_SM90_SPLIT`: `on`, `off`, an integer >= 2, `live`, `N:L` (2 <= N, 1 <= L < N),
-/// `N/P` (2 <= N, 1 <= P <= 100); unset (or another value) is the default.
+/// `KDA_DHU_SM90_SPLIT`: `on`, `off`, an integer >= 2, `live`, `N:L` (2 <= N, 1 <= L < N);
+/// unset (or another value) is the default.
 pub fn sm90_split() -> crate::split::SplitSwitch {
     split_switch(value(SM90_SPLIT).as_deref())
 }
@@ -143,10 +143,7 @@ fn split_switch(v: Option<&str>) -> crate::split::SplitSwitch {
             Ok(1) => SplitSwitch::Off,
             _ => match v.split_once(':').map(|(n, l)| (n.parse::<u32>(), l.parse::<u32>())) {
                 Some((Ok(n), Ok(l))) if n >= 2 && l >= 1 && l < n => SplitSwitch::SegmentsLive(n, l),
-                _ => match v.split_once('/').map(|(n, p)| (n.parse::<u32>(), p.parse::<u32>())) {
-                    Some((Ok(n), Ok(p))) if n >= 2 && (1..=100).contains(&p) => SplitSwitch::SegmentsShare(n, p),
-                    _ => SplitSwitch::Default,
-                },
+                _ => SplitSwitch::Default,
             },
         },
     }
@@ -203,10 +200,6 @@ mod tests {
             (Some("6:2"), SegmentsLive(6, 2)),
             (Some("6:6"), Default),
             (Some("6:0"), Default),
-            (Some("3/70"), SegmentsShare(3, 70)),
-            (Some("3/0"), Default),
-            (Some("3/101"), Default),
-            (Some("1/50"), Default),
             (Some("x"), Default),
         ] {
             assert_eq!(split_switch(v), want, "{v:?}");

@@ -69,13 +69,6 @@ pub const DEFAULT_ON: bool = true;
 /// 0.955 -> 0.690 ms (fla 1.579 ms), and B1 T65536 H32 and B1 T11264 HV32, where the rule
 /// picks none, unchanged (benches/NOTES.md, "The forward scan's split").
 pub const DEFAULT_ON_FWD: bool = true;
-/// Stage 4's live segment (the newest, run by pass 1 beside the summaries) in percent of
-/// the other segments' chunks, under the rule. A summarized segment stores nothing per
-/// chunk, so its chain may be shorter than the live one's: pass 1 takes the longer of the
-/// two, pass 2 one segment, so a live segment of r (the summaries' time per chunk over the
-/// live one's) evens pass 1 out. 100: equal segments. Measured with `KDA_DHU_SM90_SPLIT=N/P`
-/// (benches/split_profile.py; benches/NOTES.md, "The live segment's share").
-pub const LIVE_SHARE_PCT: u32 = 100;
 
 /// A call's split: `segments` (>= 2) of `seg_chunks` chunks each, the last one shorter.
 /// `live` (>= 1, < segments): segments the first pass's live CTA runs (the oldest `live`
@@ -116,9 +109,6 @@ pub enum SplitSwitch {
     Off,
     /// An integer >= 2: that many segments wherever a split can run (tests, measurements).
     Segments(u32),
-    /// `N/P`: N segments, stage 4's live one (the newest) P percent (1-100) of the others'
-    /// chunks (measurements of `LIVE_SHARE_PCT`); the forward scan's as `N`.
-    SegmentsShare(u32, u32),
     /// `live` (the KDA_DHU_EXP_SPLIT_LIVE experiment): the rule with a long live segment
     /// (`rule_live`); `N:L`: N segments, L of them live. Without the experiment's kernels,
     /// `Rule` and `Segments(N)`.
@@ -188,27 +178,19 @@ pub fn split(desc: &CallDesc, dev: &DeviceInfo, arch: Arch, switch: SplitSwitch)
         return None;
     }
     let default_on = if desc.forward { DEFAULT_ON_FWD } else { DEFAULT_ON };
-    let rule_share = i64::from(LIVE_SHARE_PCT);
-    let (wanted, live, share) = match switch {
+    let (wanted, live) = match switch {
         SplitSwitch::Off => return None,
         SplitSwitch::Default if !default_on => return None,
-        SplitSwitch::LiveRule if live_built() => {
-            let (s, l) = rule_live(desc, dev)?;
-            (s, l, 100)
-        }
-        SplitSwitch::Default | SplitSwitch::Rule | SplitSwitch::LiveRule => (rule_segments(desc, dev)?, 1, rule_share),
-        SplitSwitch::Segments(n) => (i64::from(n), 1, 100),
-        SplitSwitch::SegmentsShare(n, p) => (i64::from(n), 1, i64::from(p.clamp(1, 100))),
-        SplitSwitch::SegmentsLive(n, l) => (i64::from(n), if live_built() { i64::from(l) } else { 1 }, 100),
+        SplitSwitch::LiveRule if live_built() => rule_live(desc, dev)?,
+        SplitSwitch::Default | SplitSwitch::Rule | SplitSwitch::LiveRule => (rule_segments(desc, dev)?, 1),
+        SplitSwitch::Segments(n) => (i64::from(n), 1),
+        SplitSwitch::SegmentsLive(n, l) => (i64::from(n), if live_built() { i64::from(l) } else { 1 }),
     };
     let nt = chunks(desc.dims.t);
     if wanted < 2 || nt < 2 {
         return None;
     }
-    // The last segment is the short one: stage 4's live segment, so that segment gets
-    // `share` percent of the others' chunks (the forward scan's live one is its oldest).
-    let share = if desc.forward { 100 } else { share };
-    let seg_chunks = (nt * 100 + (wanted - 1) * 100 + share - 1) / ((wanted - 1) * 100 + share);
+    let seg_chunks = (nt + wanted - 1) / wanted;
     let segments = (nt + seg_chunks - 1) / seg_chunks;
     let live = live.clamp(1, (segments - 1).max(1));
     // gridDim.y = HV * (S - live) (plan.rs checks HV against the same limit).
@@ -399,40 +381,6 @@ mod tests {
         v.cu_seqlens = Some(DType::I64);
         assert_eq!(split(&v, &H200, Arch::Sm90, SplitSwitch::Rule), None);
         assert_eq!(split(&long(1, 16, 65536), &H200, Arch::Sm100, SplitSwitch::Rule), None);
-    }
-
-    #[test]
-    fn the_live_share_shortens_stage_4s_newest_segment() {
-        // B1 H16 T65536: 1024 chunks; 3/70: two segments of ceil(1024 / 2.7) = 380 and the
-        // newest 264 (69 % of 380); the forward scan's split ignores the share.
-        let d = long(1, 16, 65536);
-        let got = split(&d, &H200, Arch::Sm90, SplitSwitch::SegmentsShare(3, 70));
-        assert_eq!(got, Some(Split { segments: 3, seg_chunks: 380, live: 1 }));
-        let full = split(&d, &H200, Arch::Sm90, SplitSwitch::SegmentsShare(3, 100));
-        assert_eq!(full, split(&d, &H200, Arch::Sm90, SplitSwitch::Segments(3)));
-        let mut f = long(1, 16, 65536);
-        f.forward = true;
-        f.has_h0 = false;
-        let fwd = split(&f, &H200, Arch::Sm90, SplitSwitch::SegmentsShare(3, 70));
-        assert_eq!(fwd, split(&f, &H200, Arch::Sm90, SplitSwitch::Segments(3)));
-        // The rule's share: equal segments at 100.
-        let rule = split(&d, &H200, Arch::Sm90, SplitSwitch::Rule).unwrap();
-        let nt = 1024i64;
-        let last = nt - 2 * i64::from(rule.seg_chunks);
-        assert!(last > 0 && last * 100 <= i64::from(LIVE_SHARE_PCT) * i64::from(rule.seg_chunks) + 100);
-        // Every share keeps every segment non-empty, at most N of them (two segments whose
-        // newest rounds to nothing: no split).
-        for p in 1..=100 {
-            for (t, n) in [(64 * 10, 3u32), (64 * 97, 5), (65536, 3), (64 * 7, 2)] {
-                let Some(got) = split(&long(1, 2, t), &H200, Arch::Sm90, SplitSwitch::SegmentsShare(n, p)) else {
-                    assert!(n == 2 && p < 20, "T={t} n={n} p={p}");
-                    continue;
-                };
-                let (sc, sn, nt) = (i64::from(got.seg_chunks), i64::from(got.segments), chunks(t));
-                assert!((sn - 1) * sc < nt && nt <= sn * sc, "T={t} n={n} p={p}: {got:?}");
-                assert!(sn <= i64::from(n), "T={t} n={n} p={p}: {got:?}");
-            }
-        }
     }
 
     #[test]

@@ -34,10 +34,6 @@ CASES = {
     "one_chunk_segments": (1, 192, 2, 2, 128, 128, "bf16", "gk", 3, {}),
     "svf_k128_s3": (1, 640, 2, 2, 128, 128, "bf16", "gk", 3, {"state_v_first": True}),
     "svf_k64_g_tail_s4": (1, 900, 2, 2, 64, 128, "bf16", "g", 4, {"state_v_first": True}),
-    # N/P: the newest (live) segment P % of the others: 20 chunks as 8 + 8 + 4; 19 chunks
-    # and a short last one as 6 + 6 + 6 + 1.
-    "k128_gk_s3_share60": (1, 1280, 2, 2, 128, 128, "bf16", "gk", "3/60", {}),
-    "k128_g_tail_s4_share30": (1, 1200, 2, 2, 128, 128, "bf16", "g", "4/30", {}),
 }
 
 
