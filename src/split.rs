@@ -67,7 +67,9 @@ pub const DEFAULT_ON: bool = true;
 /// or `=N`). On: the A/B on the H200 without a final state (same process as fla,
 /// benches/results/2026-12-04-NVIDIA_H200-fwd-split-ab-846f29a.json) measured B1 T65536 H16
 /// 0.955 -> 0.690 ms (fla 1.579 ms), and B1 T65536 H32 and B1 T11264 HV32, where the rule
-/// picks none, unchanged (benches/NOTES.md, "The forward scan's split").
+/// picks none, unchanged (benches/NOTES.md, "The forward scan's split"); with a final state
+/// (since f42465d) on an H100, B1 T65536 H16 0.925 -> 0.771 ms (benches/NOTES.md, "The
+/// split's host side and merge").
 pub const DEFAULT_ON_FWD: bool = true;
 
 /// A call's split: `segments` (>= 2) of `seg_chunks` chunks each, the last one shorter.
