@@ -108,10 +108,7 @@ impl Target {
 trait ModuleApi {
     fn load(&self, image: &[u8]) -> std::result::Result<CUmodule, CUresult>;
     fn function(&self, module: CUmodule, name: &CStr) -> std::result::Result<CUfunction, CUresult>;
-    /// Lets `f` take `bytes` of dynamic shared memory, and asks for the largest shared-memory
-    /// carveout, so that every kernel of the image runs with one L1 / shared split and
-    /// consecutive launches (a split's three) need no reconfiguration of the SMs.
-    fn set_shared_memory(&self, f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult>;
+    fn set_max_dynamic_smem(&self, f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult>;
 }
 
 /// The real driver (the device's context must be current).
@@ -141,16 +138,10 @@ impl ModuleApi for DriverModules {
         result(res, f)
     }
 
-    fn set_shared_memory(&self, f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult> {
+    fn set_max_dynamic_smem(&self, f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult> {
         // SAFETY: f is a valid function handle.
         let res = unsafe {
             sys::cuFuncSetAttribute(f, CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
-        };
-        result(res, ())?;
-        // 100: CU_SHAREDMEM_CARVEOUT_MAX_SHARED (a percentage of the SM's L1 / shared total).
-        // SAFETY: as above.
-        let res = unsafe {
-            sys::cuFuncSetAttribute(f, CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         };
         result(res, ())
     }
@@ -195,8 +186,8 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
                 "a GPU with 227 KB of shared memory per block (H100, H200, B200)",
             ));
         }
-        api.set_shared_memory(f, smem as i32).map_err(|res| Error::Cuda {
-            what: format!("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem}, PREFERRED_SHARED_MEMORY_CARVEOUT = 100) on {name}"),
+        api.set_max_dynamic_smem(f, smem as i32).map_err(|res| Error::Cuda {
+            what: format!("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem}) on {name}"),
             code: error_name(res),
         })?;
         Ok(f)
@@ -1318,7 +1309,7 @@ mod tests {
                 _ => Ok((0x2000 + name.to_bytes().len()) as CUfunction),
             }
         }
-        fn set_shared_memory(&self, _f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult> {
+        fn set_max_dynamic_smem(&self, _f: CUfunction, bytes: i32) -> std::result::Result<(), CUresult> {
             self.smem_set.borrow_mut().push(bytes);
             result(self.set, ())
         }
