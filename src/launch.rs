@@ -54,6 +54,17 @@ fn split_pass1_smem(k: u32) -> u32 {
     facts::layout(&facts::SM90, k, 1).expect("sm_90a has one-warpgroup kernels at K = 64 and 128").smem_bytes
 }
 
+/// Dynamic shared memory of the split kernel in `split::SPLIT_ENTRIES[slot]`: a first pass's
+/// map, or the merge's P (cuda/dhu_layout.h, seg_merge).
+fn split_slot_smem(slot: usize) -> u32 {
+    let k = split::slot_k(slot);
+    if split::is_summary_slot(slot) {
+        split_pass1_smem(k)
+    } else {
+        split::merge_layout(k).smem_bytes
+    }
+}
+
 /// Raw driver handles are plain pointers; the driver allows using them from any thread.
 #[derive(Clone, Copy, Debug)]
 struct Handle<T>(T);
@@ -200,10 +211,7 @@ fn load_kernels(api: &impl ModuleApi, arch: Arch, image: &Image, target: &Target
     let mut split_funcs = [Handle(std::ptr::null_mut()); SPLIT_ENTRIES.len()];
     if arch == Arch::Sm90 {
         for (slot, name) in SPLIT_ENTRIES.iter().enumerate() {
-            let k = split::slot_k(slot);
-            let smem =
-                if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
-            split_funcs[slot] = Handle(function(name, smem)?);
+            split_funcs[slot] = Handle(function(name, split_slot_smem(slot))?);
         }
     }
     Ok(Kernels { _module: Handle(module), funcs, split: split_funcs, image: image.label.clone() })
@@ -930,7 +938,7 @@ fn launch_split(
             kernels.split[mslot].0,
             shape.merge,
             shape.merge_threads,
-            split::merge_layout(config.k).smem_bytes,
+            split_slot_smem(mslot),
             &mut [
                 &mut mu as *mut u64 as *mut c_void,
                 &mut mx as *mut u64 as *mut c_void,
@@ -1414,11 +1422,10 @@ mod tests {
             KernelConfig::all(Arch::Sm90).iter().map(|c| smem_bytes(Arch::Sm90, c) as i32).collect();
         for slot in 0..SPLIT_ENTRIES.len() {
             let k = split::slot_k(slot);
-            let smem =
-                if split::is_summary_slot(slot) { split_pass1_smem(k) } else { split::merge_layout(k).smem_bytes };
-            want.push(smem as i32);
+            // The merge's P [K, K + 4] fp32 (cuda/dhu_layout.h, seg_merge).
+            let merge = (k * (k + 4) * 4) as i32;
+            want.push(if split::is_summary_slot(slot) { split_pass1_smem(k) as i32 } else { merge });
         }
-        assert_eq!(split::merge_layout(128).smem_bytes, 128 * 132 * 4);
         assert_eq!(*api.smem_set.borrow(), want);
     }
 
