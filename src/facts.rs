@@ -14,7 +14,8 @@
 //! - `MERGE_COLS`, `MERGE`: the sequence split's merge kernel (V columns per CTA; per K its
 //!   threads and dynamic shared memory, `nwg` and `stages` 0).
 //!
-//! Python reads the same table through `kda_dhu._core.kernel_facts()`.
+//! Python reads `SM90`, `SM90_FWD` and `SM100` through `kda_dhu._core.kernel_facts()` (the
+//! merge's numbers are the host's alone).
 
 /// One compiled kernel shape: head dim `k`, `nwg` consumer warpgroups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
